@@ -1,0 +1,5 @@
+"""`python -m supervisor` runs the CLI."""
+
+from supervisor.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Click commands: each parses its options and calls a plain function of the shell."""

@@ -1,0 +1,132 @@
+"""Size, duration and token-count parsing and formatting.
+
+SGLang mixes units: `--hicache-size` is decimal GB (1e9 B), its reserve is 10 GiB (2^30 B).
+Everything inside the supervisor is bytes and seconds; human units exist only at the edges.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+KB = 1000
+MB = 1000**2
+GB = 1000**3
+TB = 1000**4
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+TiB = 1024**4
+
+_SIZE_UNITS: dict[str, int] = {
+    "b": 1,
+    "kb": KB,
+    "mb": MB,
+    "gb": GB,
+    "tb": TB,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": TiB,
+}
+_DURATION_UNITS: dict[str, float] = {
+    "ms": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "min": 60.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+_TOKEN_SUFFIXES: dict[str, int] = {
+    "": 1,
+    "k": 1000,
+    "m": 1000**2,
+    "g": 1000**3,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+}
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str | int | float) -> int:
+    """Parse "445GB", "96GiB", "512MiB" or a plain number of bytes into bytes.
+
+    Raises:
+        ValueError: the text is not a non-negative number with a known unit. Bare "G"/"M" are
+            refused on purpose: an operator who means GiB and gets GB is off by 7 %.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0 or not math.isfinite(text):
+            raise ValueError(f"size must be a non-negative number of bytes, got {text!r}")
+        return int(text)
+    match = _NUMBER_UNIT.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 445GB, 96GiB, 512MiB)")
+    number, unit = match.groups()
+    factor = _SIZE_UNITS.get(unit.lower())
+    if factor is None:
+        raise ValueError(
+            f"unknown size unit {unit!r} in {text!r}: use B, KB, MB, GB, TB (powers of 1000) "
+            "or KiB, MiB, GiB, TiB (powers of 1024)"
+        )
+    return int(float(number) * factor)
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Parse "10s", "500ms", "10min", "2h" or a plain number of seconds into seconds.
+
+    Raises:
+        ValueError: not a non-negative number with a known unit.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0 or not math.isfinite(text):
+            raise ValueError(f"duration must be a non-negative number of seconds, got {text!r}")
+        return float(text)
+    match = _NUMBER_UNIT.match(text)
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (examples: 10s, 500ms, 10min, 2h)")
+    number, unit = match.groups()
+    factor = _DURATION_UNITS.get(unit.lower() or "s")
+    if factor is None:
+        raise ValueError(f"unknown duration unit {unit!r} in {text!r}: use ms, s, min or h")
+    return float(number) * factor
+
+
+def parse_token_count(text: str) -> int:
+    """Parse SGLang's token counts: "131072", "128k", "1M", "1Ki".
+
+    Raises:
+        ValueError: not a non-negative integer count with a known suffix.
+    """
+    match = re.match(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$", text)
+    if not match:
+        raise ValueError(f"not a token count: {text!r}")
+    number, suffix = match.groups()
+    factor = _TOKEN_SUFFIXES.get(suffix.lower())
+    if factor is None:
+        raise ValueError(f"unknown token-count suffix {suffix!r} in {text!r}")
+    return int(float(number) * factor)
+
+
+def format_gb(n_bytes: float) -> str:
+    """Decimal gigabytes, the unit of `--hicache-size`: 48.0 GB."""
+    return f"{n_bytes / GB:,.1f} GB"
+
+
+def format_gib(n_bytes: float) -> str:
+    """Binary gibibytes, the unit of free(1) -g and SGLang's reserve: 10.0 GiB."""
+    return f"{n_bytes / GiB:,.1f} GiB"
+
+
+def format_bytes(n_bytes: float) -> str:
+    """A human size with the unit that keeps the number short (binary units)."""
+    size = float(n_bytes)
+    for unit, factor in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(size) >= factor:
+            return f"{size / factor:,.1f} {unit}"
+    return f"{int(size)} B"

@@ -1,0 +1,60 @@
+"""Exception tree and process exit codes (documented in the README)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes of `sglang-supervisor`; systemd's RestartPreventExitStatus lists 1, 2, 3 and 6."""
+
+    OK = 0
+    NO_FIT = 1
+    BAD_INPUT = 2
+    SERVER_ARGS_REJECTED = 3
+    STARTUP_FAILED = 4
+    CRASH_LOOP = 5
+    GPU_UNRECOVERABLE = 6
+    INTERNAL = 70
+
+
+class SupervisorError(Exception):
+    """Base of every error the supervisor reports to the operator without a traceback."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL
+
+
+class ConfigError(SupervisorError):
+    """Bad input: a flag, a config key, a file. The message names what is wrong."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class PreflightFailed(SupervisorError):
+    """The pre-flight found that the server does not fit."""
+
+    exit_code = ExitCode.NO_FIT
+
+
+class ServerArgsRejected(SupervisorError):
+    """SGLang exited 2 on its arguments: restarting cannot help."""
+
+    exit_code = ExitCode.SERVER_ARGS_REJECTED
+
+
+class StartupFailed(SupervisorError):
+    """The server never became healthy (stall or hard startup timeout)."""
+
+    exit_code = ExitCode.STARTUP_FAILED
+
+
+class CrashLoop(SupervisorError):
+    """Too many restarts within the restart window."""
+
+    exit_code = ExitCode.CRASH_LOOP
+
+
+class GpuUnrecoverable(SupervisorError):
+    """A target GPU stays dirty after cleanup and reset; relaunching onto it is unsafe."""
+
+    exit_code = ExitCode.GPU_UNRECOVERABLE

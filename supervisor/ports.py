@@ -1,0 +1,27 @@
+"""Protocols the shell depends on; adapters implement them, tests pass fakes (style.md §5)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from supervisor.core.readings import GpuState
+
+
+class GpuSensor(Protocol):
+    """Reads the GPUs. Implementations: real NVML, the simulation, or none."""
+
+    def read_gpus(self) -> tuple[GpuState, ...] | None:
+        """All GPUs, or None when the GPU state is unknown (no driver, NVML hung)."""
+        ...
+
+    def close(self) -> None:
+        """Release the library handle (a GPU reset needs every NVML client gone)."""
+        ...
+
+
+class Clock(Protocol):
+    """Monotonic time and sleeping; tests pass a fake that advances instantly."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
