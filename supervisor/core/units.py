@@ -19,6 +19,7 @@ GiB = 1024**3
 TiB = 1024**4
 
 _SIZE_UNITS: dict[str, int] = {
+    "": 1,
     "b": 1,
     "kb": KB,
     "mb": MB,
@@ -72,7 +73,10 @@ def parse_size(text: str | int | float) -> int:
             f"unknown size unit {unit!r} in {text!r}: use B, KB, MB, GB, TB (powers of 1000) "
             "or KiB, MiB, GiB, TiB (powers of 1024)"
         )
-    return int(float(number) * factor)
+    value = float(number) * factor
+    if not math.isfinite(value):
+        raise ValueError(f"size out of range: {text!r}")
+    return int(value)
 
 
 def parse_duration(text: str | int | float) -> float:

@@ -1,0 +1,75 @@
+"""Sizes and durations are parsed at the edge; units that would silently mislead are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.core.units import (
+    GB,
+    GiB,
+    MiB,
+    format_bytes,
+    format_gb,
+    parse_duration,
+    parse_size,
+    parse_token_count,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("445GB", 445 * GB),
+        ("96GiB", 96 * GiB),
+        ("512 MiB", 512 * MiB),
+        ("1.5TB", 1_500 * GB),
+        ("1024", 1024),
+        (4096, 4096),
+        ("10gib", 10 * GiB),
+    ],
+)
+def test_parse_size_accepts_decimal_and_binary_units(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["96G", "12 furlongs", "-5GB", "GB", "", "1e400GB"])
+def test_parse_size_refuses_unknown_or_ambiguous_units(text: str) -> None:
+    with pytest.raises(ValueError, match=r"size|unit"):
+        parse_size(text)
+
+
+def test_parse_size_names_the_unknown_unit() -> None:
+    with pytest.raises(ValueError, match="unknown size unit 'G'"):
+        parse_size("96G")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("10s", 10.0), ("500ms", 0.5), ("10min", 600.0), ("2h", 7200.0), ("7", 7.0), (1.5, 1.5)],
+)
+def test_parse_duration(text: str | float, expected: float) -> None:
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["10 fortnights", "-1", "soon", -3])
+def test_parse_duration_refuses_nonsense(text: str | int) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("131072", 131072), ("128k", 128_000), ("1M", 1_000_000), ("1Ki", 1024)]
+)
+def test_parse_token_count_matches_sglang_suffixes(text: str, expected: int) -> None:
+    assert parse_token_count(text) == expected
+
+
+def test_parse_token_count_refuses_unknown_suffix() -> None:
+    with pytest.raises(ValueError, match="suffix"):
+        parse_token_count("12q")
+
+
+def test_formatting_uses_the_named_unit() -> None:
+    assert format_gb(48 * GB) == "48.0 GB"
+    assert format_bytes(3 * GiB) == "3.0 GiB"
+    assert format_bytes(12) == "12 B"
