@@ -1,0 +1,189 @@
+"""KV-cache geometry: a model's config.json keys + the launch plan -> bytes per token per rank.
+
+Pure arithmetic over the language model's config dict (text_config already merged by the adapter).
+Formulas from SGLang's host pools (sglang.md §1.2, §7); the device cell and the host cell are equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
+
+from supervisor.core.sglang_args import LaunchPlan
+
+
+class GeometryError(ValueError):
+    """The model config lacks a key the KV arithmetic needs, or holds a value of the wrong kind."""
+
+
+# Bits per stored element. Block-scaled formats carry one 8-bit scale per block:
+# mxfp8 = 8 + 8/32, nvfp4 = 4 + 8/16, fp4_mx_block16 = 4 + 8/16 (SGLang's MXFP8/FP4 pools).
+_BITS_PER_ELEMENT: dict[str, Fraction] = {
+    "float32": Fraction(32),
+    "fp32": Fraction(32),
+    "float": Fraction(32),
+    "bfloat16": Fraction(16),
+    "bf16": Fraction(16),
+    "float16": Fraction(16),
+    "fp16": Fraction(16),
+    "half": Fraction(16),
+    "fp8_e4m3": Fraction(8),
+    "fp8_e5m2": Fraction(8),
+    "fp8": Fraction(8),
+    "mxfp8": Fraction(8) + Fraction(8, 32),
+    "nvfp4": Fraction(4) + Fraction(8, 16),
+    "fp4_mx_block16": Fraction(4) + Fraction(8, 16),
+}
+
+# Speculative algorithms whose draft runs the checkpoint's own MTP (NextN) layers; their KV is
+# packed into the target's pools as extra layers (sglang.md §1.2).
+_MTP_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "MTP"})
+
+# DeepSeek sparse attention (DSA) stores the MLA row in an fp8 scaled layout of 656 bytes:
+# 512 fp8 latent + 512/128 * 4 scale bytes + 64 rope dims in bf16 (sglang.md §1.2, dsa.py).
+_DSA_FP8_ROW_BYTES = 512 + 512 // 128 * 4 + 64 * 2
+
+
+def _get_int(config: Mapping[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise GeometryError(f"config key {key} must be a non-negative integer, got {value!r}")
+        return value
+    return None
+
+
+def _require_int(config: Mapping[str, Any], *keys: str) -> int:
+    value = _get_int(config, *keys)
+    if value is None:
+        raise GeometryError(f"config lacks {' / '.join(keys)}")
+    return value
+
+
+def _model_dtype(config: Mapping[str, Any]) -> str:
+    raw = config.get("torch_dtype", config.get("dtype", "bfloat16"))
+    return str(raw).removeprefix("torch.").lower()
+
+
+def checkpoint_declares_fp8_kv(config: Mapping[str, Any]) -> bool:
+    """True when the checkpoint says its KV cache is FP8 (`kv_cache_quant_algo` = "FP8")."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return False
+    algo = quant.get("kv_cache_quant_algo")
+    if algo is None and isinstance(quant.get("quantization"), Mapping):
+        algo = quant["quantization"].get("kv_cache_quant_algo")
+    return isinstance(algo, str) and algo.upper().startswith("FP8")
+
+
+def kv_cache_dtype(config: Mapping[str, Any], plan: LaunchPlan) -> str:
+    """The KV dtype SGLang will use: `auto` is the model dtype unless the checkpoint says FP8."""
+    if plan.kv_cache_dtype != "auto":
+        return plan.kv_cache_dtype
+    if checkpoint_declares_fp8_kv(config):
+        return "fp8_e4m3"
+    return _model_dtype(config)
+
+
+def _bits(dtype: str) -> Fraction:
+    bits = _BITS_PER_ELEMENT.get(dtype)
+    if bits is None:
+        raise GeometryError(f"unknown KV dtype {dtype!r} (torch_dtype or --kv-cache-dtype)")
+    return bits
+
+
+def is_mla(config: Mapping[str, Any]) -> bool:
+    """Multi-head latent attention (DeepSeek-V3/R1, Kimi-K2): one compressed row per layer."""
+    return config.get("kv_lora_rank") is not None
+
+
+def is_dsa(config: Mapping[str, Any]) -> bool:
+    """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): MLA plus a lightning-indexer cache."""
+    return is_mla(config) and config.get("index_head_dim") is not None
+
+
+def uses_mtp_layers(config: Mapping[str, Any], plan: LaunchPlan) -> bool:
+    """Speculative decoding drafts with the checkpoint's own MTP layers, not a draft model."""
+    algo = (plan.speculative_algorithm or "").upper()
+    if algo not in _MTP_ALGORITHMS:
+        return False
+    draft = plan.speculative_draft_model_path
+    if draft is not None and draft != plan.model_path:
+        return False
+    return (_get_int(config, "num_nextn_predict_layers") or 0) > 0
+
+
+def layers_per_rank(config: Mapping[str, Any], plan: LaunchPlan) -> int:
+    """KV layers one rank holds: its pipeline stage (the largest one) plus packed MTP layers."""
+    total = _require_int(config, "num_hidden_layers", "num_layers", "n_layer")
+    stage = -(-total // plan.pp_size)
+    if uses_mtp_layers(config, plan):
+        stage += _get_int(config, "num_nextn_predict_layers") or 0
+    return stage
+
+
+def kv_heads_per_rank(config: Mapping[str, Any], plan: LaunchPlan) -> int:
+    """KV heads on one attention-TP rank; replicated when TP exceeds the KV heads."""
+    heads = _require_int(config, "num_attention_heads", "n_head")
+    kv_heads = _get_int(config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+    return max(1, (kv_heads or heads) // plan.attention_tp_size)
+
+
+def _row_bits(config: Mapping[str, Any], plan: LaunchPlan) -> Fraction:
+    """Bits of one token's KV in one layer on one rank."""
+    dtype = kv_cache_dtype(config, plan)
+    bits = _bits(dtype)
+    if is_mla(config):
+        if is_dsa(config) and bits == 8:
+            return Fraction(_DSA_FP8_ROW_BYTES * 8)
+        kv_lora_rank = _require_int(config, "kv_lora_rank")
+        rope = _require_int(config, "qk_rope_head_dim")
+        return (kv_lora_rank + rope) * bits
+    heads = _require_int(config, "num_attention_heads", "n_head")
+    head_dim = _get_int(config, "head_dim")
+    if head_dim is None:
+        hidden = _require_int(config, "hidden_size", "n_embd")
+        if heads == 0:
+            raise GeometryError("config key num_attention_heads must be positive")
+        head_dim = hidden // heads
+    v_head_dim = _get_int(config, "v_head_dim") or head_dim
+    return (head_dim + v_head_dim) * kv_heads_per_rank(config, plan) * bits
+
+
+def bytes_per_token_per_rank(config: Mapping[str, Any], plan: LaunchPlan) -> int:
+    """Bytes one token occupies in one rank's KV pool (device and host rows are the same size).
+
+    MHA/GQA: (head_dim + v_head_dim) · kv_heads_per_rank · layers · itemsize.
+    MLA: (kv_lora_rank + qk_rope_head_dim) · layers · itemsize, replicated on every rank.
+    Layers include packed MTP draft layers when speculative decoding uses them.
+
+    Raises:
+        GeometryError: the config lacks a key the formula needs (the message names it).
+    """
+    total_bits = _row_bits(config, plan) * layers_per_rank(config, plan)
+    return int(-(-total_bits // 8))
+
+
+def indexer_bytes_per_token_per_rank(config: Mapping[str, Any], plan: LaunchPlan) -> int:
+    """Extra bytes per token of the DSA indexer pool (0 for models without DSA).
+
+    (index_head_dim + index_head_dim/128 · 4 scale bytes) · 1 byte · layers: 132 B/layer for
+    DeepSeek-V3.2. SGLang allocates it outside the `--hicache-size` budget (sglang.md §1.2).
+    """
+    if not is_dsa(config):
+        return 0
+    index_head_dim = _require_int(config, "index_head_dim")
+    row = index_head_dim + index_head_dim // 128 * 4
+    return row * layers_per_rank(config, plan)
+
+
+def attention_kind(config: Mapping[str, Any]) -> str:
+    """ "dsa", "mla" or "mha" (GQA included), for reports."""
+    if is_dsa(config):
+        return "dsa"
+    if is_mla(config):
+        return "mla"
+    return "mha"
