@@ -1,0 +1,173 @@
+"""Find and read a model's config.json: a local directory or the local HF cache, no network.
+
+Merges a multimodal wrapper's `text_config` into the top level, folds `hf_quant_config.json` into
+`quantization_config`, and sums the `*.safetensors` sizes. Never imports transformers or sglang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelInfo:
+    """What the pre-flight needs from a model: its language-model keys and the weight size."""
+
+    path: str  # the model directory, or the override file when the model is not on this host
+    config: dict[str, Any]  # language-model keys (text_config merged), quantization folded in
+    config_file: str  # the config.json actually read
+    weights_bytes: int | None  # total *.safetensors size; None when no shard is on this host
+    model_dir: str | None  # None: the model itself is not on this host (planning another box)
+
+
+def hf_cache_dirs(env: Mapping[str, str] | None = None) -> tuple[Path, ...]:
+    """Where huggingface_hub keeps models: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub."""
+    env = os.environ if env is None else env
+    dirs: list[Path] = []
+    if env.get("HF_HUB_CACHE"):
+        dirs.append(Path(env["HF_HUB_CACHE"]))
+    if env.get("HUGGINGFACE_HUB_CACHE"):
+        dirs.append(Path(env["HUGGINGFACE_HUB_CACHE"]))
+    if env.get("HF_HOME"):
+        dirs.append(Path(env["HF_HOME"]) / "hub")
+    home = env.get("HOME")
+    base = Path(home) if home else Path.home()
+    dirs.append(base / ".cache" / "huggingface" / "hub")
+    return tuple(dirs)
+
+
+def _snapshot_in_cache(repo_id: str, cache_dirs: tuple[Path, ...]) -> Path | None:
+    """The snapshot directory of `org/name` in a local HF cache (refs/main first, else newest)."""
+    folder = "models--" + repo_id.replace("/", "--")
+    for cache in cache_dirs:
+        repo = cache / folder
+        snapshots = repo / "snapshots"
+        if not snapshots.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        try:
+            revision = ref.read_text(encoding="utf-8").strip()
+        except OSError:
+            revision = ""
+        if revision and (snapshots / revision).is_dir():
+            return snapshots / revision
+        candidates = sorted(
+            (p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime
+        )
+        if candidates:
+            return candidates[-1]
+    return None
+
+
+def resolve_model_dir(model_path: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """A local directory for `--model-path`: the path itself, or its snapshot in the HF cache."""
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        return path
+    if model_path.count("/") == 1 and not model_path.startswith((".", "/", "~")):
+        return _snapshot_in_cache(model_path, hf_cache_dirs(env))
+    return None
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not UTF-8 text: {exc.reason}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{what} {path} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def merge_language_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Top-level keys overlaid with `text_config` (multimodal wrappers such as Kimi-K2.5)."""
+    merged = {k: v for k, v in raw.items() if k != "text_config"}
+    text = raw.get("text_config")
+    if isinstance(text, Mapping):
+        merged.update(text)
+    return merged
+
+
+def _fold_hf_quant(config: dict[str, Any], hf_quant: Mapping[str, Any]) -> None:
+    """ModelOpt checkpoints declare FP8 KV in hf_quant_config.json under `quantization`."""
+    section = hf_quant.get("quantization", hf_quant)
+    if not isinstance(section, Mapping):
+        return
+    algo = section.get("kv_cache_quant_algo")
+    quant = dict(config.get("quantization_config") or {})
+    if algo is not None and "kv_cache_quant_algo" not in quant:
+        quant["kv_cache_quant_algo"] = algo
+    if section.get("quant_algo") is not None and "quant_algo" not in quant:
+        quant["quant_algo"] = section["quant_algo"]
+    config["quantization_config"] = quant
+
+
+def safetensors_bytes(model_dir: Path) -> int | None:
+    """Total size of the `*.safetensors` shards (following HF cache symlinks); None if none."""
+    total = 0
+    found = False
+    for shard in model_dir.glob("*.safetensors"):
+        try:
+            total += shard.stat().st_size
+        except OSError:
+            continue
+        found = True
+    return total if found else None
+
+
+def load_model_config(
+    model_path: str, override: str | None = None, *, env: Mapping[str, str] | None = None
+) -> ModelInfo:
+    """Read the model's config: `override` (a config.json or a directory holding one) wins.
+
+    Raises:
+        ConfigError: the model is neither a local directory nor in the local HF cache (and no
+            override is given), or a config file is unreadable or malformed (names the file).
+    """
+    model_dir = resolve_model_dir(model_path, env) if model_path else None
+    if override is not None:
+        config_file = Path(override).expanduser()
+        if config_file.is_dir():
+            config_file = config_file / "config.json"
+        if not config_file.exists():
+            raise ConfigError(f"model config override {config_file} does not exist")
+    elif model_dir is None:
+        raise ConfigError(
+            f"model path {model_path!r} is neither a local directory nor in the local Hugging "
+            "Face cache (the pre-flight never downloads); download it first or give "
+            "--model-config PATH"
+        )
+    else:
+        config_file = model_dir / "config.json"
+        if not config_file.exists():
+            raise ConfigError(f"model directory {model_dir} has no config.json")
+    raw = _read_json(config_file, "model config")
+    config = merge_language_config(raw)
+    hf_quant_file = config_file.parent / "hf_quant_config.json"
+    if not hf_quant_file.exists() and model_dir is not None:
+        hf_quant_file = model_dir / "hf_quant_config.json"
+    if hf_quant_file.exists():
+        _fold_hf_quant(config, _read_json(hf_quant_file, "quantization config"))
+    weights = safetensors_bytes(model_dir) if model_dir is not None else None
+    return ModelInfo(
+        path=str(model_dir if model_dir is not None else config_file),
+        config=config,
+        config_file=str(config_file),
+        weights_bytes=weights,
+        model_dir=str(model_dir) if model_dir is not None else None,
+    )
