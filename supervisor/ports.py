@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from supervisor.core.gpu_release import ResetOutcome
 from supervisor.core.readings import GpuState
 
 
@@ -25,3 +26,11 @@ class Clock(Protocol):
     def monotonic(self) -> float: ...
 
     def sleep(self, seconds: float) -> None: ...
+
+
+class GpuResetter(Protocol):
+    """Resets one GPU (the configured gpu reset_command); tests pass a recording fake."""
+
+    def reset(self, index: int, uuid: str) -> ResetOutcome:
+        """Run the reset for GPU `index`/`uuid`; never raises, the outcome says what happened."""
+        ...
