@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI; operator errors print one line and exit with their code."""
     _register()
     try:
-        cli.main(args=argv, prog_name="sglang-supervisor", standalone_mode=False)
+        # Without standalone mode click returns ctx.exit(code) instead of exiting: pass it on.
+        rc = cli.main(args=argv, prog_name="sglang-supervisor", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(ExitCode.BAD_INPUT)
@@ -39,4 +40,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    sys.exit(ExitCode.OK)
+    sys.exit(rc if isinstance(rc, int) else ExitCode.OK)
