@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from supervisor.core.units import GiB, parse_duration, parse_size
+from supervisor.core.units import GB, GiB, parse_duration, parse_size
 from supervisor.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -73,6 +73,14 @@ class PreflightConfig:
     # Concurrent loader threads per rank; with --weight-loader-disable-mmap each rank holds about
     # (threads + 2) shards in anonymous memory while loading (sglang.md §5).
     load_threads: int = 8
+    # Largest safetensors shard; measured from the model directory when present (4-5 GB typical).
+    shard_bytes: int = 5 * GB
+    # Checkpoint size when the shards are not on this host (planning another box); a value here
+    # wins over the measured *.safetensors total.
+    weights_bytes: int | None = None
+    # GPU memory taken by the CUDA context and NCCL before SGLang measures free memory: 1-3 GiB
+    # (sglang.md §1.5).
+    gpu_context_bytes: int = 2 * GiB
 
 
 def _strip_unit(name: str) -> str:
