@@ -1,0 +1,282 @@
+"""The pre-flight's answer: checks (ok/warn/fail), the FitReport, its JSON and its table.
+
+Also the version-dependent SGLang rules and the small pure decisions behind each host check.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from supervisor.core.units import GB, GiB, format_gb
+
+# Assumed boundaries for rules that changed upstream (sglang.md §1.5, §1.6): the reference
+# describes SGLang 0.5.23, which has both HiCache auto-sizing (PR #40135) and the per-host
+# division of SGLang's own check (PR #35540); releases before it are treated as older.
+_AUTO_SIZING_SINCE = (0, 5, 23)
+_DIVIDED_CHECK_SINCE = (0, 5, 23)
+# NCCL's shared-memory transport needs more than Docker's default 64 MiB /dev/shm.
+SHM_MIN_BYTES = 1 * GiB
+# cudaHostRegister pins through the driver, but some stacks mlock; below 64 MiB is the distro
+# default (8 MiB on many) and worth a warning.
+MEMLOCK_WARN_BYTES = 64 * 1024 * 1024
+
+
+class Status(str, Enum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One named check with a one-line reason."""
+
+    name: str
+    status: Status
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status.value, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SglangRules:
+    """Which of SGLang's version-dependent behaviours apply."""
+
+    version: str | None  # None: unknown, newest rules
+    auto_sizing: bool  # neither --hicache-size nor --hicache-ratio: sized from host memory
+    check_divides_by_ranks: bool  # SGLang's own check divides the budget by ranks per host
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    match = re.match(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", version)
+    if not match:
+        return None
+    return tuple(int(x) if x is not None else 0 for x in match.groups())
+
+
+def rules_for_version(version: str | None) -> SglangRules:
+    """SGLang's rules for a version string; unknown or unparsable versions get the newest rules."""
+    parsed = _version_tuple(version) if version else None
+    if parsed is None:
+        return SglangRules(version=version, auto_sizing=True, check_divides_by_ranks=True)
+    return SglangRules(
+        version=version,
+        auto_sizing=parsed >= _AUTO_SIZING_SINCE,
+        check_divides_by_ranks=parsed >= _DIVIDED_CHECK_SINCE,
+    )
+
+
+def check_memlock(limit_bytes: int | None, readable: bool = True) -> Check:
+    if not readable:
+        return Check("memlock", Status.WARN, "RLIMIT_MEMLOCK unreadable")
+    if limit_bytes is None:
+        return Check("memlock", Status.OK, "RLIMIT_MEMLOCK unlimited")
+    status = Status.WARN if limit_bytes < MEMLOCK_WARN_BYTES else Status.OK
+    hint = " (LimitMEMLOCK=infinity or ulimit -l unlimited)" if status is Status.WARN else ""
+    return Check("memlock", status, f"RLIMIT_MEMLOCK {limit_bytes // 1024} KiB{hint}")
+
+
+def check_shm(shm_bytes: int | None) -> Check:
+    if shm_bytes is None:
+        return Check("shm", Status.WARN, "/dev/shm missing or unreadable (NCCL uses it)")
+    if shm_bytes < SHM_MIN_BYTES:
+        return Check(
+            "shm",
+            Status.WARN,
+            f"/dev/shm is only {shm_bytes / GiB:.2f} GiB; NCCL needs more (docker --shm-size)",
+        )
+    return Check("shm", Status.OK, f"/dev/shm {shm_bytes / GiB:.1f} GiB")
+
+
+def check_hugepages(
+    page_size_env: str | None, free_bytes: int | None, needed_bytes: int | None
+) -> Check | None:
+    """Only when SGLANG_HUGEPAGE_SIZE is set: the pools come from hugetlb, not MemAvailable."""
+    if not page_size_env:
+        return None
+    if free_bytes is None:
+        return Check(
+            "hugepages",
+            Status.FAIL,
+            f"SGLANG_HUGEPAGE_SIZE={page_size_env} but no {page_size_env} hugepages are configured",
+        )
+    if needed_bytes is not None and needed_bytes > free_bytes:
+        return Check(
+            "hugepages",
+            Status.FAIL,
+            f"SGLANG_HUGEPAGE_SIZE={page_size_env}: pools need {format_gb(needed_bytes)}, "
+            f"{format_gb(free_bytes)} of hugepages free",
+        )
+    return Check(
+        "hugepages",
+        Status.OK,
+        f"SGLANG_HUGEPAGE_SIZE={page_size_env}: {format_gb(free_bytes)} of hugepages free",
+    )
+
+
+def check_gpu_holders(holders: Mapping[int, Sequence[int | str]]) -> Check:
+    """Processes already on the target GPUs (NVML PIDs or /dev/nvidiaN holders)."""
+    if not holders:
+        return Check("gpu_holders", Status.OK, "no process holds the target GPUs")
+    shown = ", ".join(
+        f"pid {pid} ({', '.join(str(g) for g in gpus)})"
+        for pid, gpus in sorted(holders.items())[:5]
+    )
+    more = f" and {len(holders) - 5} more" if len(holders) > 5 else ""
+    return Check("gpu_holders", Status.FAIL, f"target GPUs already in use: {shown}{more}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Term:
+    """One line of the arithmetic: a label and a signed number of bytes."""
+
+    label: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitReport:
+    """Everything the pre-flight concluded; `to_json()` is the documented schema."""
+
+    model: str
+    attention: str
+    kv_cache_dtype: str
+    layers_per_rank: int
+    local_ranks: int
+    bytes_per_token_per_rank: int
+    indexer_bytes_per_token_per_rank: int
+    weights_per_rank_bytes: int | None
+    gpu_memory_bytes: int | None
+    mem_fraction_static: float | None
+    device_tokens_per_rank: int | None
+    hicache_mode: str  # off | size | ratio | auto
+    hicache_ratio: float | None
+    host_pool_tokens_per_rank: int | None
+    host_pool_bytes_per_rank: int | None
+    host_required_bytes: int | None
+    host_budget_bytes: int
+    terms: tuple[Term, ...]
+    max_hicache_size_gb: int
+    equivalent_ratio: float | None
+    safe_host_tokens_per_rank: int
+    avg_request_tokens: int
+    sglang_version: str | None
+    checks: tuple[Check, ...]
+    suggested_argv: tuple[str, ...] | None = None
+    numa: tuple[dict[str, int], ...] = field(default_factory=tuple)
+
+    @property
+    def fits(self) -> bool:
+        return all(c.status is not Status.FAIL for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        return "fit" if self.fits else "no-fit"
+
+    @property
+    def safe_concurrent_requests(self) -> int:
+        return self.safe_host_tokens_per_rank // max(1, self.avg_request_tokens)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "model": self.model,
+            "attention": self.attention,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "layers_per_rank": self.layers_per_rank,
+            "local_ranks": self.local_ranks,
+            "bytes_per_token_per_rank": self.bytes_per_token_per_rank,
+            "indexer_bytes_per_token_per_rank": self.indexer_bytes_per_token_per_rank,
+            "weights_per_rank_bytes": self.weights_per_rank_bytes,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "mem_fraction_static": self.mem_fraction_static,
+            "device_tokens_per_rank": self.device_tokens_per_rank,
+            "hicache_mode": self.hicache_mode,
+            "hicache_ratio": self.hicache_ratio,
+            "host_pool_tokens_per_rank": self.host_pool_tokens_per_rank,
+            "host_pool_bytes_per_rank": self.host_pool_bytes_per_rank,
+            "host_required_bytes": self.host_required_bytes,
+            "host_budget_bytes": self.host_budget_bytes,
+            "arithmetic": [{"term": t.label, "bytes": t.bytes} for t in self.terms],
+            "max_hicache_size_gb": self.max_hicache_size_gb,
+            "equivalent_ratio": self.equivalent_ratio,
+            "safe_host_tokens_per_rank": self.safe_host_tokens_per_rank,
+            "avg_request_tokens": self.avg_request_tokens,
+            "safe_concurrent_requests": self.safe_concurrent_requests,
+            "numa": [dict(n) for n in self.numa],
+            "sglang_version": self.sglang_version,
+            "suggested_argv": list(self.suggested_argv) if self.suggested_argv else None,
+            "checks": [c.to_json() for c in self.checks],
+        }
+
+    def render_table(self) -> str:
+        """The human-readable report: the arithmetic term by term, the safe size, the checks."""
+        lines = [f"sglang-supervisor preflight: {'FIT' if self.fits else 'NO FIT'}", ""]
+        add = lines.append
+        add(f"  model             {self.model}")
+        add(
+            f"  KV cell           {self.bytes_per_token_per_rank:,} B/token/rank "
+            f"({self.attention}, {self.layers_per_rank} layers, {self.kv_cache_dtype})"
+            + (
+                f" + DSA indexer {self.indexer_bytes_per_token_per_rank:,} B"
+                if self.indexer_bytes_per_token_per_rank
+                else ""
+            )
+        )
+        add(f"  local ranks       {self.local_ranks} (each allocates its own host pool)")
+        if self.device_tokens_per_rank is None:
+            add("  device KV         unknown (no GPU memory read or given)")
+        else:
+            gpu = format_gb(self.gpu_memory_bytes) if self.gpu_memory_bytes else "?"
+            weights = (
+                format_gb(self.weights_per_rank_bytes)
+                if self.weights_per_rank_bytes is not None
+                else "unknown"
+            )
+            add(
+                f"  device KV         {self.device_tokens_per_rank:,} tokens/rank "
+                f"(GPU {gpu} × {self.mem_fraction_static} − weights {weights}/rank)"
+            )
+        mode = self.hicache_mode
+        if mode == "off":
+            add("  host pool         HiCache off (--enable-hierarchical-cache not given)")
+        elif self.host_pool_bytes_per_rank is None:
+            add(f"  host pool         {mode} mode: cannot be sized (device pool unknown)")
+        else:
+            ratio = f", ratio {self.hicache_ratio:.3g}" if self.hicache_ratio is not None else ""
+            add(
+                f"  host pool         {format_gb(self.host_pool_bytes_per_rank)}/rank "
+                f"({self.host_pool_tokens_per_rank:,} tokens, {mode} mode{ratio})"
+            )
+        add("")
+        add("  host memory (GB = 1e9 bytes)")
+        width = max([len(t.label) for t in self.terms] + [20])
+        for i, term in enumerate(self.terms):
+            sign = " " if i == 0 else ("−" if term.bytes < 0 else "+")
+            add(f"    {sign} {term.label:<{width}} {abs(term.bytes) / GB:>12,.1f} GB")
+        left = sum(t.bytes for t in self.terms)
+        add(f"    = {'left after the launch':<{width}} {left / GB:>12,.1f} GB")
+        add("")
+        if self.max_hicache_size_gb > 0:
+            ratio_text = (
+                f", ≈ --hicache-ratio {self.equivalent_ratio:.2f}"
+                if self.equivalent_ratio is not None
+                else ""
+            )
+            add(f"  safe --hicache-size {self.max_hicache_size_gb} (GB per rank{ratio_text})")
+            add(
+                f"    buys {self.safe_host_tokens_per_rank:,} host tokens/rank ≈ "
+                f"{self.safe_concurrent_requests:,} requests of {self.avg_request_tokens:,} tokens"
+            )
+        else:
+            add("  safe --hicache-size: none, not even 1 GB per rank fits; leave HiCache off")
+        add("")
+        add("  checks")
+        for check in self.checks:
+            add(f"    {check.status.value:<5} {check.name:<14} {check.detail}")
+        return "\n".join(lines)
