@@ -1,0 +1,175 @@
+"""Classify a server death from its exit status, signal, log tail and what the supervisor saw.
+
+Pure. The class decides what happens next (bad flags: never retried) and the hint tells the
+operator what to change. Precedence: a component that killed the tree for its own reason
+(watchdog: memory_kill) > SGLang's own words in the log > the kernel OOM counter > what the
+supervisor observed (rank state, health, startup) > a generic "exited".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
+
+from supervisor.core.log_phases import CRASH_MARKS, LogMark, MarkedLine, marks_in, read_mark
+
+_SIGKILL = 9  # signal.SIGKILL on Linux; the core does not import the OS
+
+
+class FailureKind(str, Enum):
+    """Why the server died; the value is logged and stored in the state file."""
+
+    BAD_FLAGS = "bad_flags"
+    PORT_IN_USE = "port_in_use"
+    GPU_OOM_AT_LOAD = "gpu_oom_at_load"
+    KERNEL_OOM_KILLED = "kernel_oom_killed"
+    RANK_CRASH = "rank_crash"
+    RANK_ZOMBIE = "rank_zombie"
+    RANK_STOPPED = "rank_stopped"
+    HEALTH_TIMEOUT = "health_timeout"
+    STARTUP_STALL = "startup_stall"
+    STARTUP_TIMEOUT = "startup_timeout"
+    EXITED_UNEXPECTEDLY = "exited_unexpectedly"
+    MEMORY_KILL = "memory_kill"  # the watchdog killed the group before the host ran out
+    GPU_DIRTY = "gpu_dirty"  # GPU memory stayed held after the tree was gone
+
+
+# Restarting cannot help: the same argv fails the same way (prior-art.md §9, spark-vllm #257).
+NEVER_RETRIED = frozenset({FailureKind.BAD_FLAGS, FailureKind.GPU_DIRTY})
+
+_HINTS: dict[FailureKind, str] = {
+    FailureKind.BAD_FLAGS: "SGLang rejected its arguments (exit 2); fix the flags, a restart "
+    "cannot help",
+    FailureKind.PORT_IN_USE: "the port is taken by another process; stop it or pick another --port",
+    FailureKind.GPU_OOM_AT_LOAD: "GPU out of memory while loading: lower --mem-fraction-static "
+    "(more room for activations and CUDA graphs) or --cuda-graph-max-bs; if the weights leave no "
+    "room for the KV cache, use more GPUs (--tp-size)",
+    FailureKind.KERNEL_OOM_KILLED: "killed by the kernel OOM killer (host memory ran out): lower "
+    "--hicache-size, check `sglang-supervisor preflight` and `dmesg`",
+    FailureKind.RANK_CRASH: "a scheduler rank died; the server log lines above say why",
+    FailureKind.RANK_ZOMBIE: "a scheduler rank exited and was never reaped (zombie); the "
+    "server cannot serve even if HTTP still answers",
+    FailureKind.RANK_STOPPED: "a scheduler rank is stopped (state T: SIGSTOP or a debugger); "
+    "the server cannot serve",
+    FailureKind.HEALTH_TIMEOUT: "the health endpoint failed repeatedly; the server was "
+    "unresponsive",
+    FailureKind.STARTUP_STALL: "no load progress (memory or log output) within "
+    "startup_stall_timeout: check model storage, network file systems and NCCL",
+    FailureKind.STARTUP_TIMEOUT: "not ready within startup_timeout although it made progress; "
+    "raise run.startup_timeout for very large models",
+    FailureKind.EXITED_UNEXPECTEDLY: "the server exited without being asked to; the server log "
+    "lines above say why",
+    FailureKind.MEMORY_KILL: "killed by the watchdog before host memory ran out; the next "
+    "launch may use a smaller --hicache-size",
+    FailureKind.GPU_DIRTY: "GPU memory stayed held after the server was gone; the GPU needs a "
+    "reset before SGLang can use it again",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeathContext:
+    """What the supervisor knows beyond the exit status."""
+
+    observed: FailureKind | None = None  # what the runner saw: a rank state, health, startup
+    override: FailureKind | None = None  # a component killed the tree for this reason
+    override_detail: str = ""
+    was_ready: bool = False
+    killed_by_us: bool = False  # the supervisor killed the tree before it exited by itself
+    oom_kills: int | None = None  # kernel oom_kill counter delta since launch; None = unknown
+
+
+class Classification(NamedTuple):
+    kind: FailureKind
+    hint: str
+
+
+def hint_for(kind: FailureKind) -> str:
+    return _HINTS[kind]
+
+
+def describe_exit(exit_code: int | None, signal_number: int | None) -> str:
+    """'exit status 1', 'killed by signal 9', or 'still running' for the log and reports."""
+    if signal_number is not None:
+        return f"killed by signal {signal_number}"
+    if exit_code is not None:
+        return f"exit status {exit_code}"
+    return "still running"
+
+
+def argparse_message(log_tail: Sequence[str]) -> str:
+    """SGLang's own argparse message (usage + error lines) from the log tail, for the operator."""
+    lines = [
+        line for line in log_tail if (m := read_mark(line)) and m.mark is LogMark.ARGPARSE_ERROR
+    ]
+    return "\n".join(lines[-3:])
+
+
+def classify(
+    exit_code: int | None,
+    signal_number: int | None,
+    log_tail: Sequence[str],
+    context: DeathContext,
+) -> Classification:
+    """Name the failure and give the operator a hint.
+
+    `exit_code`/`signal_number` describe the server's main process (both None when the
+    supervisor killed a live tree); `log_tail` is the last lines of its output, redacted.
+    """
+    if context.override is not None:
+        detail = f": {context.override_detail}" if context.override_detail else ""
+        return Classification(context.override, _HINTS[context.override] + detail)
+    marks = marks_in(list(log_tail))
+    kinds = {m.mark for m in marks}
+    exited_by_itself = not context.killed_by_us and (
+        exit_code is not None or signal_number is not None
+    )
+    if (
+        exited_by_itself
+        and exit_code == 2
+        and (LogMark.ARGPARSE_ERROR in kinds or not context.was_ready)
+    ):
+        message = argparse_message(log_tail)
+        suffix = f": {message}" if message else ""
+        return Classification(FailureKind.BAD_FLAGS, _HINTS[FailureKind.BAD_FLAGS] + suffix)
+    if LogMark.PORT_IN_USE in kinds:
+        return _plain(FailureKind.PORT_IN_USE)
+    if LogMark.GPU_OOM in kinds and not context.was_ready:
+        return _plain(FailureKind.GPU_OOM_AT_LOAD)
+    if _looks_oom_killed(marks, exited_by_itself, signal_number, context):
+        return _plain(FailureKind.KERNEL_OOM_KILLED)
+    if context.observed is not None:
+        return _plain(context.observed)
+    if kinds & CRASH_MARKS or LogMark.GPU_OOM in kinds:
+        return _plain(FailureKind.RANK_CRASH)
+    hint = _HINTS[FailureKind.EXITED_UNEXPECTEDLY]
+    if kinds & {LogMark.HOST_MEMORY_REFUSED, LogMark.PINNING_FAILED}:
+        hint = (
+            "SGLang could not allocate or pin its host KV pool: lower --hicache-size "
+            "(see `sglang-supervisor preflight`)"
+        )
+    status = describe_exit(exit_code, signal_number)
+    return Classification(FailureKind.EXITED_UNEXPECTEDLY, f"{hint} ({status})")
+
+
+def _plain(kind: FailureKind) -> Classification:
+    return Classification(kind, _HINTS[kind])
+
+
+def _looks_oom_killed(
+    marks: Sequence[MarkedLine],
+    exited_by_itself: bool,
+    signal_number: int | None,
+    context: DeathContext,
+) -> bool:
+    if context.oom_kills is not None:
+        return context.oom_kills > 0
+    # No kernel counter: a SIGKILL nobody here sent is most likely the OOM killer (gunicorn's
+    # "Perhaps out of memory?"; SGLang's own hint for a rank that died with -9, sglang.md §3.1).
+    rank_killed = any(
+        m.mark in (LogMark.RANK_DIED_AT_INIT, LogMark.SUBPROCESS_CRASHED)
+        and m.exit_code == -_SIGKILL
+        for m in marks
+    )
+    return rank_killed or (exited_by_itself and signal_number == _SIGKILL)

@@ -1,0 +1,112 @@
+"""Recognise SGLang's log lines that mark a load phase or a crash (sglang.md §4.1).
+
+Pure substring matching on one line; SGLang refactors fast, so only stable phrases are used and
+an unknown line is simply not a mark. Used for load progress, log events and failure classes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+
+class LogMark(str, Enum):
+    """What a line says about the server, when it says anything."""
+
+    MEMORY_BASELINE = "memory_baseline"  # pre-load GPU baseline taken
+    WEIGHTS_LOADED = "weights_loaded"
+    KV_CACHE_ALLOCATED = "kv_cache_allocated"
+    HOST_POOL_ALLOCATED = "host_pool_allocated"
+    HICACHE_AUTO_SIZED = "hicache_auto_sized"
+    READY = "ready"  # warm-up passed
+    # Failures
+    HOST_MEMORY_REFUSED = "host_memory_refused"  # SGLang's own host-memory check (§1.6)
+    PINNING_FAILED = "pinning_failed"
+    GPU_OOM = "gpu_oom"
+    PORT_IN_USE = "port_in_use"
+    ARGPARSE_ERROR = "argparse_error"
+    SCHEDULER_EXCEPTION = "scheduler_exception"
+    SUBPROCESS_CRASHED = "subprocess_crashed"
+    RANK_DIED_AT_INIT = "rank_died_at_init"
+    SIGQUIT = "sigquit"
+
+
+CRASH_MARKS = frozenset(
+    {
+        LogMark.SCHEDULER_EXCEPTION,
+        LogMark.SUBPROCESS_CRASHED,
+        LogMark.RANK_DIED_AT_INIT,
+        LogMark.SIGQUIT,
+    }
+)
+LOAD_MARKS = frozenset(
+    {
+        LogMark.MEMORY_BASELINE,
+        LogMark.WEIGHTS_LOADED,
+        LogMark.KV_CACHE_ALLOCATED,
+        LogMark.HOST_POOL_ALLOCATED,
+        LogMark.HICACHE_AUTO_SIZED,
+        LogMark.READY,
+    }
+)
+
+# Checked in order; the first match wins. Lower-cased substrings.
+_SUBSTRINGS: tuple[tuple[str, LogMark], ...] = (
+    ("memory baseline taken", LogMark.MEMORY_BASELINE),
+    ("load weight end", LogMark.WEIGHTS_LOADED),
+    ("kv cache is allocated", LogMark.KV_CACHE_ALLOCATED),
+    ("hicache auto-sizing", LogMark.HICACHE_AUTO_SIZED),
+    ("the server is fired up and ready to roll", LogMark.READY),
+    ("not enough host memory available", LogMark.HOST_MEMORY_REFUSED),
+    ("cudahostregister failed", LogMark.PINNING_FAILED),
+    ("hiphostmalloc of", LogMark.PINNING_FAILED),
+    ("cuda out of memory", LogMark.GPU_OOM),
+    ("outofmemoryerror", LogMark.GPU_OOM),
+    ("loaded weights leave no gpu memory", LogMark.GPU_OOM),
+    ("not enough memory. please try to increase --mem-fraction-static", LogMark.GPU_OOM),
+    ("address already in use", LogMark.PORT_IN_USE),
+    ("[errno 98]", LogMark.PORT_IN_USE),
+    ("scheduler hit an exception", LogMark.SCHEDULER_EXCEPTION),
+    ("scheduler died during initialization", LogMark.RANK_DIED_AT_INIT),
+    ("sigquit received", LogMark.SIGQUIT),
+)
+# "Allocating … hierarchical KV host pool: N tokens, X GB host memory."
+_HOST_POOL = re.compile(r"allocating .*host pool", re.IGNORECASE)
+# "Subprocess scheduler_3 (pid=…) crashed with exit code -9"
+_SUBPROCESS_CRASH = re.compile(r"subprocess \S+ \(pid=\d+\) crashed with exit code", re.IGNORECASE)
+# argparse: "launch_server.py: error: unrecognized arguments: --foo" / "error: argument --tp-size"
+_ARGPARSE = re.compile(r"(^usage: )|(: error: (unrecognized arguments|argument |the following))")
+_EXIT_CODE = re.compile(r"exit code:? *(-?\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class MarkedLine:
+    mark: LogMark
+    exit_code: int | None = None  # for rank deaths: the rank's exit code when the line gives it
+
+
+def read_mark(line: str) -> MarkedLine | None:
+    """The mark of one log line, or None for an ordinary line."""
+    if _ARGPARSE.search(line):
+        return MarkedLine(LogMark.ARGPARSE_ERROR)
+    if _SUBPROCESS_CRASH.search(line):
+        return MarkedLine(LogMark.SUBPROCESS_CRASHED, _exit_code(line))
+    lowered = line.lower()
+    if _HOST_POOL.search(line) and "tokens" in lowered:
+        return MarkedLine(LogMark.HOST_POOL_ALLOCATED)
+    for needle, mark in _SUBSTRINGS:
+        if needle in lowered:
+            code = _exit_code(line) if mark is LogMark.RANK_DIED_AT_INIT else None
+            return MarkedLine(mark, code)
+    return None
+
+
+def _exit_code(line: str) -> int | None:
+    match = _EXIT_CODE.search(line)
+    return int(match.group(1)) if match else None
+
+
+def marks_in(lines: tuple[str, ...] | list[str]) -> tuple[MarkedLine, ...]:
+    """Every mark found in `lines`, in order."""
+    return tuple(m for m in (read_mark(line) for line in lines) if m is not None)

@@ -1,0 +1,59 @@
+"""Restart budget: 10 s doubling to 300 s, reset after a stable run, crash loop past the limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.core.backoff import BackoffPolicy, RestartBudget, backoff_delay_s
+
+
+def test_delays_double_from_initial_up_to_the_cap():
+    policy = BackoffPolicy()
+    assert [backoff_delay_s(policy, n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
+
+
+def test_failures_get_growing_delays_then_a_crash_loop_past_max_restarts():
+    budget = RestartBudget(BackoffPolicy(max_restarts=3, restart_window_s=1800))
+    delays = []
+    for now in (0.0, 100.0, 200.0):
+        budget, decision = budget.on_failure(now)
+        assert not decision.give_up
+        delays.append(decision.delay_s)
+    assert delays == [10, 20, 40]
+    budget, decision = budget.on_failure(300.0)
+    assert decision.give_up
+    assert decision.restarts_in_window == 3
+    assert budget.total_restarts == 3
+
+
+def test_restarts_older_than_the_window_do_not_count():
+    budget = RestartBudget(BackoffPolicy(max_restarts=2, restart_window_s=100))
+    budget, _ = budget.on_failure(0.0)
+    budget, _ = budget.on_failure(50.0)
+    budget, decision = budget.on_failure(101.0)  # the one at 0 s has left the window
+    assert not decision.give_up
+    assert decision.restarts_in_window == 1
+
+
+def test_a_stable_run_resets_the_delay_but_not_before_stable_after():
+    budget = RestartBudget(BackoffPolicy(stable_after_s=600, max_restarts=100))
+    for now in (0.0, 1.0, 2.0):
+        budget, decision = budget.on_failure(now)
+    assert decision.delay_s == 40
+    assert budget.on_healthy(healthy_since_s=10.0, now_s=609.0) is budget
+    budget = budget.on_healthy(healthy_since_s=10.0, now_s=610.0)
+    budget, decision = budget.on_failure(700.0)
+    assert decision.delay_s == 10
+    assert decision.attempt == 1
+
+
+def test_zero_max_restarts_gives_up_at_the_first_failure():
+    _, decision = RestartBudget(BackoffPolicy(max_restarts=0)).on_failure(0.0)
+    assert decision.give_up
+
+
+@pytest.mark.parametrize(("initial", "cap"), [(0.1, 0.4), (1.0, 1.0)])
+def test_tiny_test_timings_follow_the_same_rule(initial, cap):
+    policy = BackoffPolicy(initial_s=initial, max_s=cap)
+    delays = [backoff_delay_s(policy, n) for n in (1, 2, 3, 4)]
+    assert delays == [min(cap, initial * 2**k) for k in range(4)]

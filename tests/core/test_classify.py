@@ -1,0 +1,121 @@
+"""Failure classes from exit status, signal, log tail and what the supervisor saw."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.core.classify import (
+    NEVER_RETRIED,
+    DeathContext,
+    FailureKind,
+    classify,
+    describe_exit,
+    hint_for,
+)
+
+K = FailureKind
+ARGPARSE = [
+    "usage: launch_server.py [-h] --model-path MODEL_PATH",
+    "launch_server.py: error: unrecognized arguments: --bogus-flag",
+]
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "sig", "tail", "context", "kind"),
+    [
+        (2, None, ARGPARSE, DeathContext(), K.BAD_FLAGS),
+        (2, None, [], DeathContext(), K.BAD_FLAGS),  # exit 2 before ready, nothing logged
+        (2, None, [], DeathContext(was_ready=True), K.EXITED_UNEXPECTEDLY),
+        (1, None, ["OSError: [Errno 98] Address already in use"], DeathContext(), K.PORT_IN_USE),
+        (
+            1,
+            None,
+            ["torch.OutOfMemoryError: CUDA out of memory."],
+            DeathContext(),
+            K.GPU_OOM_AT_LOAD,
+        ),
+        (
+            1,
+            None,
+            ["torch.OutOfMemoryError: CUDA out of memory."],
+            DeathContext(was_ready=True),
+            K.RANK_CRASH,
+        ),
+        (None, 9, [], DeathContext(oom_kills=1), K.KERNEL_OOM_KILLED),
+        (None, 9, [], DeathContext(oom_kills=0), K.EXITED_UNEXPECTEDLY),
+        (None, 9, [], DeathContext(), K.KERNEL_OOM_KILLED),  # counter unknown: SIGKILL hint
+        (
+            1,
+            None,
+            ["Rank 1 scheduler died during initialization (exit code: -9)"],
+            DeathContext(),
+            K.KERNEL_OOM_KILLED,
+        ),
+        (None, None, [], DeathContext(observed=K.RANK_ZOMBIE, killed_by_us=True), K.RANK_ZOMBIE),
+        (None, None, [], DeathContext(observed=K.RANK_STOPPED, killed_by_us=True), K.RANK_STOPPED),
+        (
+            None,
+            None,
+            [],
+            DeathContext(observed=K.RANK_CRASH, killed_by_us=True, oom_kills=0),
+            K.RANK_CRASH,
+        ),
+        (
+            None,
+            None,
+            [],
+            DeathContext(observed=K.HEALTH_TIMEOUT, killed_by_us=True),
+            K.HEALTH_TIMEOUT,
+        ),
+        (
+            None,
+            None,
+            [],
+            DeathContext(observed=K.STARTUP_STALL, killed_by_us=True),
+            K.STARTUP_STALL,
+        ),
+        (1, None, ["Scheduler hit an exception: boom"], DeathContext(), K.RANK_CRASH),
+        (0, None, [], DeathContext(was_ready=True), K.EXITED_UNEXPECTEDLY),
+        (2, None, ARGPARSE, DeathContext(override=K.MEMORY_KILL), K.MEMORY_KILL),
+        (None, 9, ["Scheduler hit an exception"], DeathContext(override=K.GPU_DIRTY), K.GPU_DIRTY),
+    ],
+)
+def test_deaths_are_classified(exit_code, sig, tail, context, kind):
+    assert classify(exit_code, sig, tail, context).kind is kind
+
+
+def test_bad_flags_hint_carries_sglangs_own_message():
+    result = classify(2, None, ["some noise", *ARGPARSE], DeathContext())
+    assert "unrecognized arguments: --bogus-flag" in result.hint
+    assert "some noise" not in result.hint
+    assert K.BAD_FLAGS in NEVER_RETRIED
+
+
+def test_a_tree_we_killed_is_never_bad_flags_even_with_exit_2():
+    result = classify(2, None, [], DeathContext(killed_by_us=True, observed=K.HEALTH_TIMEOUT))
+    assert result.kind is K.HEALTH_TIMEOUT
+
+
+def test_gpu_oom_hint_suggests_mem_fraction_static_and_host_refusal_is_explained():
+    assert "--mem-fraction-static" in classify(1, None, ["CUDA out of memory"], DeathContext()).hint
+    refused = classify(
+        1, None, ["Not enough host memory available. Requesting 9 GB"], DeathContext()
+    )
+    assert refused.kind is K.EXITED_UNEXPECTEDLY
+    assert "--hicache-size" in refused.hint
+    assert "exit status 1" in refused.hint
+
+
+def test_override_detail_is_appended_and_every_kind_has_a_hint():
+    result = classify(
+        None, 9, [], DeathContext(override=K.MEMORY_KILL, override_detail="3 GB left")
+    )
+    assert result.hint.endswith(": 3 GB left")
+    assert all(hint_for(k) for k in FailureKind)
+    assert len({k.value for k in FailureKind}) == 13
+
+
+def test_exit_descriptions():
+    assert describe_exit(1, None) == "exit status 1"
+    assert describe_exit(None, 9) == "killed by signal 9"
+    assert describe_exit(None, None) == "still running"

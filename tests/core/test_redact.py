@@ -1,0 +1,33 @@
+"""Secrets never reach logs: env values by name, API keys inside text."""
+
+from __future__ import annotations
+
+from supervisor.core.redact import Redactor, redact_env, secret_values
+from supervisor.core.sglang_args import parse_launch_args
+
+
+def test_env_values_with_secret_names_are_masked():
+    env = {"HF_TOKEN": "hf_abc", "MY_API_KEY": "k", "AWS_SECRET_ACCESS_KEY": "s", "PATH": "/bin"}
+    assert redact_env(env) == {
+        "HF_TOKEN": "***",
+        "MY_API_KEY": "***",
+        "AWS_SECRET_ACCESS_KEY": "***",
+        "PATH": "/bin",
+    }
+
+
+def test_api_keys_and_secret_env_values_are_masked_inside_lines():
+    plan = parse_launch_args(["--api-key", "sk-live-1234", "--admin-api-key=adm-9999"])
+    secrets = secret_values(plan, {"HF_TOKEN": "hf_secretvalue", "PATH": "/usr/bin"})
+    redact = Redactor(secrets)
+    line = "server_args=ServerArgs(api_key='sk-live-1234', admin_api_key='adm-9999') hf_secretvalue"
+    out = redact(line)
+    assert "sk-live-1234" not in out
+    assert "adm-9999" not in out
+    assert "hf_secretvalue" not in out
+    assert out.count("***") == 3
+    assert redact("/usr/bin is not a secret") == "/usr/bin is not a secret"
+
+
+def test_very_short_values_are_not_used_as_masks():
+    assert secret_values(None, {"X_TOKEN": "a"}) == ()
