@@ -1,0 +1,150 @@
+"""KV bytes per token per rank for real model geometries (sglang.md §7 table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.core.model_geometry import (
+    GeometryError,
+    attention_kind,
+    bytes_per_token_per_rank,
+    indexer_bytes_per_token_per_rank,
+    kv_cache_dtype,
+    kv_heads_per_rank,
+    layers_per_rank,
+)
+from supervisor.core.sglang_args import parse_launch_args
+
+MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
+
+
+def model(name: str) -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads((MODELS / name / "config.json").read_text())
+    merged = {k: v for k, v in raw.items() if k != "text_config"}
+    merged.update(raw.get("text_config", {}))
+    return merged
+
+
+def plan(*args: str):
+    return parse_launch_args(["--model-path", "m", *args])
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "expected"),
+    [
+        ("llama-3-70b", ("--tp", "1"), 327_680),
+        ("llama-3-70b", ("--tp", "8"), 40_960),
+        ("llama-3-70b", ("--tp", "8", "--kv-cache-dtype", "fp8_e4m3"), 20_480),
+        ("deepseek-v3", ("--tp", "1"), 70_272),
+        ("deepseek-v3", ("--tp", "8"), 70_272),
+        ("deepseek-v3", ("--tp", "16"), 70_272),
+        ("deepseek-v3", ("--tp", "8", "--kv-cache-dtype", "fp8_e5m2"), 35_136),
+        ("kimi-k2.5", ("--tp", "8"), 70_272),
+        ("kimi-k2.5", ("--tp", "2"), 70_272),
+        ("qwen3-235b-a22b", ("--tp", "8"), 48_128),
+        ("qwen3-235b-a22b", ("--tp", "4"), 48_128),
+        ("qwen3-235b-a22b", ("--tp", "1"), 192_512),
+        ("deepseek-v3.2", ("--tp", "8"), 70_272),
+        ("deepseek-v3.2", ("--tp", "8", "--kv-cache-dtype", "fp8_e4m3"), 40_016),
+    ],
+)
+def test_bytes_per_token_per_rank_matches_the_reference_table(name, args, expected):
+    assert bytes_per_token_per_rank(model(name), plan(*args)) == expected
+
+
+def test_qwen3_moe_keeps_one_replicated_kv_head_per_rank_at_tp8():
+    assert kv_heads_per_rank(model("qwen3-235b-a22b"), plan("--tp", "8")) == 1
+
+
+def test_mla_is_the_same_on_every_rank_whatever_the_tp():
+    cells = {bytes_per_token_per_rank(model("kimi-k2.5"), plan("--tp", str(tp))) for tp in (1, 8)}
+    assert cells == {70_272}
+
+
+def test_dsa_indexer_adds_132_bytes_per_layer_and_is_zero_elsewhere():
+    assert indexer_bytes_per_token_per_rank(model("deepseek-v3.2"), plan("--tp", "8")) == 8_052
+    assert indexer_bytes_per_token_per_rank(model("deepseek-v3"), plan("--tp", "8")) == 0
+    assert indexer_bytes_per_token_per_rank(model("llama-3-70b"), plan("--tp", "8")) == 0
+
+
+def test_mtp_draft_layers_are_packed_only_with_speculative_decoding():
+    config = model("deepseek-v3")  # one NextN layer
+    assert layers_per_rank(config, plan("--tp", "8")) == 61
+    spec = plan("--tp", "8", "--speculative-algorithm", "EAGLE")
+    assert layers_per_rank(config, spec) == 62
+    assert bytes_per_token_per_rank(config, spec) == 576 * 2 * 62
+
+
+def test_a_separate_draft_model_adds_no_layers_to_the_target_pool():
+    spec = plan("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "other/d")
+    assert layers_per_rank(model("deepseek-v3"), spec) == 61
+
+
+def test_pipeline_stage_holds_its_share_of_layers_rounded_up():
+    assert layers_per_rank(model("deepseek-v3"), plan("--tp", "4", "--pp-size", "2")) == 31
+
+
+def test_dp_attention_splits_kv_heads_over_the_attention_tp_only():
+    dp_attn = plan("--tp", "8", "--dp", "8", "--enable-dp-attention")
+    assert kv_heads_per_rank(model("llama-3-70b"), dp_attn) == 8
+
+
+def test_auto_kv_dtype_follows_the_model_unless_the_checkpoint_declares_fp8():
+    config = model("llama-3-70b")
+    assert kv_cache_dtype(config, plan()) == "bfloat16"
+    fp8 = {**config, "quantization_config": {"kv_cache_quant_algo": "FP8"}}
+    assert kv_cache_dtype(fp8, plan()) == "fp8_e4m3"
+    assert bytes_per_token_per_rank(fp8, plan("--tp", "8")) == 20_480
+    # An FP8 *weight* checkpoint (DeepSeek-V3) keeps a bf16 KV cache.
+    assert kv_cache_dtype(model("deepseek-v3"), plan()) == "bfloat16"
+
+
+def test_head_dim_falls_back_to_hidden_over_heads_and_v_head_dim_is_honoured():
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
+    assert bytes_per_token_per_rank(config, plan()) == (64 + 64) * 4 * 2 * 2
+    config_v = {**config, "num_key_value_heads": 2, "head_dim": 32, "v_head_dim": 16}
+    assert bytes_per_token_per_rank(config_v, plan()) == (32 + 16) * 2 * 2 * 2
+
+
+def test_chatglm_style_multi_query_group_num_counts_as_kv_heads():
+    config = {"num_layers": 1, "num_attention_heads": 32, "hidden_size": 4096}
+    config["multi_query_group_num"] = 2
+    assert bytes_per_token_per_rank(config, plan()) == (128 + 128) * 2 * 2
+
+
+def test_block_scaled_fp4_rounds_up_to_whole_bytes():
+    config = {"num_hidden_layers": 1, "num_attention_heads": 1, "head_dim": 3, "hidden_size": 3}
+    # 6 elements × 4.5 bits = 27 bits -> 4 bytes.
+    assert bytes_per_token_per_rank(config, plan("--kv-cache-dtype", "nvfp4")) == 4
+
+
+def test_attention_kind_names_the_pool_layout():
+    assert attention_kind(model("deepseek-v3.2")) == "dsa"
+    assert attention_kind(model("kimi-k2.5")) == "mla"
+    assert attention_kind(model("llama-3-70b")) == "mha"
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"num_attention_heads": 8, "hidden_size": 512}, "num_hidden_layers"),
+        ({"num_hidden_layers": 2, "hidden_size": 512}, "num_attention_heads"),
+        (
+            {"num_hidden_layers": "two", "num_attention_heads": 8, "head_dim": 8},
+            "num_hidden_layers",
+        ),
+        ({"num_hidden_layers": 2, "num_attention_heads": 8}, "hidden_size"),
+        ({"num_hidden_layers": 2, "kv_lora_rank": 512}, "qk_rope_head_dim"),
+        (
+            {"num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 8, "torch_dtype": "x"},
+            "unknown KV dtype",
+        ),
+    ],
+)
+def test_incomplete_or_wrong_configs_name_the_key(config, message):
+    with pytest.raises(GeometryError, match=message):
+        bytes_per_token_per_rank(config, plan())
