@@ -85,7 +85,7 @@ def test_override_wins_and_works_without_the_model(tmp_path):
 def test_missing_model_says_it_never_downloads(tmp_path):
     with pytest.raises(ConfigError, match="never downloads"):
         load_model_config("org/absent", env={"HOME": str(tmp_path)})
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         load_model_config(str(tmp_path))
     with pytest.raises(ConfigError, match="does not exist"):
         load_model_config("x", str(tmp_path / "nope.json"))
