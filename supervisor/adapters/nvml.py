@@ -1,0 +1,132 @@
+"""GpuSensor over NVML: the real `pynvml`, the simulation (`sim`) or nothing; GpuState by UUID.
+
+Thin and in-process: one read = count, handles, UUID, name, memory, compute processes, NUMA node.
+Callers that must survive a hung driver run it in a worker process with a timeout (style.md §5).
+`supervisor.testing` is imported only when the `sim` backend is chosen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from supervisor.core.readings import GpuProcess, GpuState
+from supervisor.errors import ConfigError
+from supervisor.ports import GpuSensor
+
+BACKENDS = ("auto", "nvml", "sim", "none")
+
+
+class GpuBackendError(ConfigError):
+    """The requested GPU backend cannot be used (unknown name, or NVML failed to start): exit 2."""
+
+
+class NoGpuSensor:
+    """`none`: the GPUs are not watched; every read says "unknown"."""
+
+    def read_gpus(self) -> tuple[GpuState, ...] | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class NvmlGpuSensor:
+    """Reads GPUs through a pynvml-shaped module (the real one or supervisor.testing.fake_nvml)."""
+
+    def __init__(self, nvml: ModuleType) -> None:
+        self._nvml = nvml
+        nvml.nvmlInit()
+        self._open = True
+
+    def read_gpus(self) -> tuple[GpuState, ...] | None:
+        """Every GPU, or None when NVML fails mid-read (driver gone, GPU lost)."""
+        nvml = self._nvml
+        try:
+            return tuple(
+                self._read_one(nvml, nvml.nvmlDeviceGetHandleByIndex(i), i)
+                for i in range(nvml.nvmlDeviceGetCount())
+            )
+        except nvml.NVMLError:
+            return None
+
+    @staticmethod
+    def _read_one(nvml: ModuleType, handle: Any, index: int) -> GpuState:
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        processes = tuple(
+            GpuProcess(
+                pid=int(p.pid), used_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory)
+            )
+            for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        )
+        try:
+            numa: int | None = int(nvml.nvmlDeviceGetNumaNodeId(handle))
+        except nvml.NVMLError:
+            numa = None  # older drivers and single-node machines report NotSupported
+        if numa is not None and numa < 0:
+            numa = None
+        return GpuState(
+            index=index,
+            uuid=str(nvml.nvmlDeviceGetUUID(handle)),
+            name=str(nvml.nvmlDeviceGetName(handle)),
+            total_bytes=int(memory.total),
+            used_bytes=int(memory.used),
+            processes=processes,
+            numa_node=numa,
+        )
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            # An NVMLError here means there is nothing left to release.
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()
+
+
+def gpus_by_uuid(gpus: tuple[GpuState, ...]) -> dict[str, GpuState]:
+    """Key a read by UUID (indexes move with CUDA_VISIBLE_DEVICES; UUIDs do not)."""
+    return {gpu.uuid: gpu for gpu in gpus}
+
+
+def _load_pynvml() -> ModuleType:
+    return importlib.import_module("pynvml")
+
+
+def open_gpu_sensor(backend: str, *, sim_state_dir: Path | None = None) -> GpuSensor:
+    """Open the GPU sensor for `backend`: nvml | sim | none | auto.
+
+    auto = nvml when the library loads and nvmlInit succeeds, else none. sim reads the
+    simulated GPUs in `sim_state_dir` (default: $FAKE_GPU_STATE_DIR).
+
+    Raises:
+        GpuBackendError: unknown backend; nvml chosen explicitly but the driver or
+            libnvidia-ml.so is missing (likely no NVIDIA driver on this host); sim without a
+            state directory.
+    """
+    if backend not in BACKENDS:
+        raise GpuBackendError(f"unknown GPU backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend == "none":
+        return NoGpuSensor()
+    if backend == "sim":
+        fake = importlib.import_module("supervisor.testing.fake_nvml")
+        if sim_state_dir is not None:
+            fake.set_state_dir(sim_state_dir)
+        try:
+            return NvmlGpuSensor(fake)
+        except fake.NVMLError as exc:
+            raise GpuBackendError(
+                "GPU backend sim: no simulated GPUs (set FAKE_GPU_STATE_DIR to a state "
+                f"directory made by supervisor.testing.gpu_state.create_gpus): {exc}"
+            ) from None
+    try:
+        nvml = _load_pynvml()
+        return NvmlGpuSensor(nvml)
+    except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no usable NVML
+        if backend == "auto":
+            return NoGpuSensor()
+        raise GpuBackendError(
+            f"GPU backend nvml: NVML did not start ({exc}); is the NVIDIA driver installed?"
+        ) from None

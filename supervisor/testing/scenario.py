@@ -1,0 +1,171 @@
+"""The simulated server's failure scenario: FAKE_SGLANG_SCENARIO (JSON) read into frozen values.
+
+Keys, units and defaults are documented in supervisor/testing/__init__.py; unknown keys and wrong
+types are refused (exit 2) so a typo in a test never silently runs the happy path.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ScenarioError(ValueError):
+    """FAKE_SGLANG_SCENARIO is not valid JSON or names an unknown key / a wrong type."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leak:
+    rank: int = 0
+    bytes_per_s: int = 1 << 20
+    after_s: float = 0.0
+    max_bytes: int = 32 << 20
+    kind: str = "anon"  # "anon": private anonymous (RssAnon); "shmem": shared anonymous (RssShmem)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Crash:
+    rank: int = 0
+    after_s: float = 0.0
+    signal: int | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankEvent:
+    rank: int = 0
+    after_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Orphan:
+    kind: str = "setsid"  # "setsid" | "double_fork"
+    holds_gpu: bool = False
+    rank: int = 0
+    after_s: float = 0.0
+    lifetime_s: float = 20.0
+    gpu_bytes: int = 1 << 30
+    title: str = "sglang::tokenizer_worker:{pid}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    startup_s: float = 0.2
+    warmup_s: float = 0.1
+    drain_s: float = 0.1
+    crash_dump_wait_s: float = 0.2
+    health_check_timeout_s: float = 2.0
+    runtime_gb: float = 4.0
+    gpu_total_bytes: int | None = None
+    weight_bytes_per_rank: int = 20 << 30
+    max_total_num_tokens: int | None = None
+    leak: Leak | None = None
+    crash: Crash | None = None
+    zombie: RankEvent | None = None
+    hang: RankEvent | None = None
+    health_fail_after_s: float | None = None
+    health_fail_mode: str = "503"  # "503" | "no_answer"
+    ignore_sigterm: bool = False
+    orphan: Orphan | None = None
+    gpu_release_delay_s: float = 0.0
+    gpu_stuck: bool = False
+    exit_code_on_start: int | None = None
+    bad_flags: tuple[str, ...] = field(default_factory=tuple)
+    hang_nvml_s: float | None = None
+
+
+_NUMBER = (int, float)
+
+
+def _check(name: str, value: object, kinds: tuple[type, ...], what: str) -> None:
+    if isinstance(value, bool) and bool not in kinds:
+        raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: expected {what}, got {value!r}")
+    if not isinstance(value, kinds):
+        raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: expected {what}, got {value!r}")
+
+
+def _build(cls: type[Any], name: str, raw: object) -> Any:
+    """Build a frozen dataclass from a JSON object, checking keys and value types."""
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: expected an object, got {raw!r}")
+    known = {f.name: f for f in cls.__dataclass_fields__.values()}
+    values: dict[str, object] = {}
+    for key, value in raw.items():
+        full = f"{name}.{key}" if name else key
+        if key not in known:
+            raise ScenarioError(f"FAKE_SGLANG_SCENARIO: unknown key {full!r}")
+        values[key] = _convert(full, str(known[key].type), value)
+    return cls(**values)
+
+
+def _convert(name: str, annotation: str, value: object) -> object:
+    nullable = "None" in annotation
+    if value is None and nullable:
+        return None
+    if annotation.startswith("Leak"):
+        return _build(Leak, name, value)
+    if annotation.startswith("Crash"):
+        crash = _build(Crash, name, value)
+        if (crash.signal is None) == (crash.exit_code is None):
+            raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: give signal or exit_code")
+        return crash
+    if annotation.startswith("RankEvent"):
+        return _build(RankEvent, name, value)
+    if annotation.startswith("Orphan"):
+        orphan = _build(Orphan, name, value)
+        if orphan.kind not in ("setsid", "double_fork"):
+            raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: kind setsid|double_fork")
+        return orphan
+    if annotation.startswith("tuple"):
+        _check(name, value, (list,), "a list of flags")
+        assert isinstance(value, list)
+        for flag in value:
+            _check(name, flag, (str,), "a list of flags")
+        return tuple(value)
+    if annotation.startswith("bool"):
+        _check(name, value, (bool,), "true or false")
+        return value
+    if annotation.startswith("str"):
+        _check(name, value, (str,), "a string")
+        return value
+    if name.endswith("signal") and isinstance(value, str):
+        try:
+            return int(signal.Signals[value if value.startswith("SIG") else f"SIG{value}"])
+        except KeyError:
+            raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: no signal {value!r}") from None
+    if annotation.startswith("int"):
+        _check(name, value, (int,), "an integer")
+        return value
+    _check(name, value, _NUMBER, "a number")
+    assert isinstance(value, _NUMBER)
+    if value < 0:
+        raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: must not be negative")
+    return float(value)
+
+
+def parse_scenario(text: str | None) -> Scenario:
+    """Parse FAKE_SGLANG_SCENARIO; empty or unset means the happy path.
+
+    Raises:
+        ScenarioError: invalid JSON, an unknown key or a value of the wrong type (named).
+    """
+    if not text or not text.strip():
+        return Scenario()
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(f"FAKE_SGLANG_SCENARIO is not valid JSON: {exc}") from None
+    scenario: Scenario = _build(Scenario, "", raw)
+    if scenario.health_fail_mode not in ("503", "no_answer"):
+        raise ScenarioError("FAKE_SGLANG_SCENARIO key 'health_fail_mode': 503|no_answer")
+    if scenario.leak is not None and scenario.leak.kind not in ("anon", "shmem"):
+        raise ScenarioError("FAKE_SGLANG_SCENARIO key 'leak.kind': anon|shmem")
+    return scenario
+
+
+def scenario_json(**keys: object) -> str:
+    """Serialise scenario keys for FAKE_SGLANG_SCENARIO (tests and the demo build it this way)."""
+    return json.dumps(keys)

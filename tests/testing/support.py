@@ -1,0 +1,118 @@
+"""Helpers for tests that run the simulated SGLang server (supervisor/testing) as real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+MARKER_ENV = "FAKE_SGLANG_MARKER"
+# Tests express "300 GB" host pools in KiB of real memory: 16 KiB per simulated GB keeps an
+# 8-rank × 300 GB server under 40 MiB (the suite's real-memory budget is tens of MiB).
+TEST_BYTES_PER_GB = 16 * 1024
+
+
+def fake_server_env(
+    scenario: Mapping[str, Any] | None = None,
+    *,
+    state_dir: Path | None = None,
+    bytes_per_gb: int = TEST_BYTES_PER_GB,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment for a fake launch: os.environ (with the test's marker) + the fake's knobs."""
+    env = dict(os.environ if base is None else base)
+    env["FAKE_SGLANG_SCENARIO"] = json.dumps(dict(scenario or {}))
+    env["FAKE_SGLANG_BYTES_PER_GB"] = str(bytes_per_gb)
+    if state_dir is not None:
+        env["FAKE_GPU_STATE_DIR"] = str(state_dir)
+    else:
+        env.pop("FAKE_GPU_STATE_DIR", None)
+    return env
+
+
+def fake_server_argv(args: Sequence[str]) -> list[str]:
+    """How the supervisor launches the simulation: exactly SGLang's argv after the module."""
+    return [sys.executable, "-m", "supervisor.testing.fake_sglang", *args]
+
+
+def http_status(
+    port: int, path: str, *, timeout_s: float = 5.0, host: str = "127.0.0.1"
+) -> int | None:
+    """GET `path`; the status code, or None when the connection is refused (still loading)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    except ConnectionRefusedError:
+        return None
+    finally:
+        conn.close()
+
+
+def http_json(port: int, path: str, *, host: str = "127.0.0.1") -> Any:
+    conn = http.client.HTTPConnection(host, port, timeout=5.0)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.status == 200, f"GET {path}: {response.status}"
+        return json.loads(response.read())
+    finally:
+        conn.close()
+
+
+@dataclass
+class FakeServer:
+    """A running simulated server, launched in its own session like the supervisor does."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    extra_pids: list[int] = field(default_factory=list)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def status(self, path: str = "/health", *, timeout_s: float = 5.0) -> int | None:
+        return http_status(self.port, path, timeout_s=timeout_s)
+
+    def tree(self) -> list[psutil.Process]:
+        """The main process's live descendants (ranks, detokenizer, resource tracker)."""
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def titled(self, prefix: str = "sglang::") -> dict[str, psutil.Process]:
+        """Descendants whose title starts with `prefix`, by title."""
+        out: dict[str, psutil.Process] = {}
+        for proc in self.tree():
+            try:
+                cmdline = proc.cmdline()
+            except psutil.Error:
+                continue
+            if cmdline and cmdline[0].startswith(prefix):
+                out[cmdline[0]] = proc
+        return out
+
+    def stop(self) -> None:
+        """SIGKILL the whole process group and reap the main process."""
+        for pid in self.extra_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        # The ranks die by PDEATHSIG (or with the group): wait until they are gone.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)

@@ -1,0 +1,154 @@
+"""The simulated SGLang server as real processes: titles, memory, health lifecycle, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+
+from tests.testing.support import fake_server_argv, fake_server_env
+from tests.waiting import wait_until
+
+HICACHE_50GB = ["--enable-hierarchical-cache", "--hicache-size", "50"]
+
+
+def _shmem_bytes(proc: psutil.Process) -> int:
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith("RssShmem:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssShmem line")
+
+
+def test_ranks_are_titled_like_sglang_and_stay_in_the_launchers_process_group(start_fake_server):
+    server = start_fake_server(["--tp-size", "2"])
+    wait_until(lambda: len(server.titled()) == 3, what="two ranks and a detokenizer")
+    titled = server.titled()
+    assert set(titled) == {"sglang::scheduler_TP0", "sglang::scheduler_TP1", "sglang::detokenizer"}
+    for proc in titled.values():
+        assert proc.ppid() == server.proc.pid
+        assert os.getpgid(proc.pid) == server.proc.pid
+
+
+def test_a_single_rank_is_plain_sglang_scheduler(start_fake_server):
+    server = start_fake_server()
+    wait_until(lambda: len(server.titled()) == 2, what="a rank and a detokenizer")
+    assert "sglang::scheduler" in server.titled()
+
+
+def test_health_is_refused_then_503_while_warming_then_200(start_fake_server):
+    server = start_fake_server(scenario={"startup_s": 0.3, "warmup_s": 0.5})
+    assert server.status() is None  # still loading: the port is not bound yet
+    wait_until(lambda: server.status() == 503, what="/health 503 while warming up")
+    assert server.status("/ready") == 503
+    wait_until(lambda: server.status() == 200, what="/health 200 once up")
+    assert server.status("/ready") == 200
+    assert server.status("/health_generate") == 200
+    assert "The server is fired up and ready to roll!" in server.log_text()
+
+
+def test_each_rank_holds_its_host_pool_as_shared_memory_scaled_by_bytes_per_gb(start_fake_server):
+    bytes_per_gb = 64 * 1024
+    server = start_fake_server(["--tp-size", "2", *HICACHE_50GB], bytes_per_gb=bytes_per_gb)
+    wait_until(lambda: server.status() == 200, what="server up")
+    ranks = [p for t, p in server.titled().items() if t.startswith("sglang::scheduler")]
+    detok = server.titled()["sglang::detokenizer"]
+    pool_real_bytes = 50 * bytes_per_gb
+    for rank in ranks:
+        assert _shmem_bytes(rank) - _shmem_bytes(detok) >= pool_real_bytes * 0.99
+    assert "hierarchical KV host pool" in server.log_text()
+
+
+def test_server_info_reports_max_total_num_tokens(start_fake_server):
+    server = start_fake_server(scenario={"max_total_num_tokens": 123456})
+    wait_until(lambda: server.status() == 200, what="server up")
+    from tests.testing.support import http_json
+
+    info = http_json(server.port, "/server_info")
+    assert info["max_total_num_tokens"] == 123456
+    assert http_json(server.port, "/v1/models")["data"][0]["id"] == "fake/model"
+    assert http_json(server.port, "/model_info")["model_path"] == "fake/model"
+    assert server.status("/metrics") == 404  # only with --enable-metrics
+
+
+def test_metrics_use_sglang_names_with_enable_metrics(start_fake_server):
+    import http.client
+
+    server = start_fake_server(["--enable-metrics"])
+    wait_until(lambda: server.status() == 200, what="server up")
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    conn.close()
+    assert "sglang:max_total_num_tokens{" in body
+    assert "sglang:num_running_reqs{" in body
+
+
+def test_sigterm_answers_503_drains_and_exits_0(start_fake_server):
+    server = start_fake_server(["--tp-size", "2"], scenario={"drain_s": 0.5})
+    wait_until(lambda: server.status() == 200, what="server up")
+    ranks = server.titled()
+    server.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: server.status() == 503, what="/health 503 while draining")
+    assert server.proc.wait(timeout=10) == 0
+    wait_until(
+        lambda: not any(p.is_running() and p.status() != "zombie" for p in ranks.values()),
+        what="ranks gone",
+    )
+
+
+def test_a_crashed_rank_takes_the_tree_down_after_the_crash_dump_wait(start_fake_server):
+    server = start_fake_server(
+        ["--tp-size", "2"],
+        scenario={"crash": {"rank": 1, "after_s": 0.2, "exit_code": 1}, "crash_dump_wait_s": 0.3},
+    )
+    wait_until(lambda: server.status() == 200, what="server up")
+    ranks = server.titled()
+    assert (
+        server.proc.wait(timeout=10) == -signal.SIGKILL
+    )  # SGLang's kill_process_tree kills itself
+    log = server.log_text()
+    assert "Scheduler hit an exception" in log
+    wait_until(
+        lambda: not any(p.is_running() and p.status() != "zombie" for p in ranks.values()),
+        what="every child gone",
+    )
+
+
+def test_a_rank_killed_by_a_signal_is_noticed_by_the_subprocess_watchdog(start_fake_server):
+    server = start_fake_server(
+        ["--tp-size", "2"], scenario={"crash": {"rank": 0, "after_s": 0.1, "signal": "SIGKILL"}}
+    )
+    assert server.proc.wait(timeout=10) == -signal.SIGKILL
+    assert "crashed with exit code -9" in server.log_text()
+
+
+def test_bad_flags_exit_2_with_an_argparse_message_before_starting():
+    env = fake_server_env({"bad_flags": ["--foo"]})
+    result = subprocess.run(
+        fake_server_argv(["--model-path", "m", "--foo", "1"]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "launch_server.py: error: unrecognized arguments: --foo" in result.stderr
+
+
+def test_a_malformed_scenario_exits_2_naming_the_key():
+    env = fake_server_env({"crash": {"rank": 0, "after": 1, "signal": "SIGKILL"}})
+    result = subprocess.run(
+        fake_server_argv(["--model-path", "m"]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "crash.after" in result.stderr
+    assert "Traceback" not in result.stderr
