@@ -1,0 +1,345 @@
+"""`sglang-supervisor preflight` end to end: verdicts, JSON, --print-args, bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.adapters.host import HostProbe
+from supervisor.cli import main
+from supervisor.config import HostConfig, SupervisorConfig
+from supervisor.core.readings import GpuProcess, GpuState
+from supervisor.core.units import GB, GiB
+from supervisor.preflight import run_preflight
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = ROOT / "configs" / "kimi-k2.5-8x-rtx-pro-6000.toml"
+KIMI = ROOT / "configs" / "models" / "kimi-k2.5" / "config.json"
+LLAMA = ROOT / "configs" / "models" / "llama-3-70b" / "config.json"
+SEED_FACTS = ["--mem-available", "445GB", "--gpus", "8", "--gpu-memory", "97887MiB"]
+SEED_FACTS += ["--weights", "595GB", "--model-config", str(KIMI)]
+KIMI_ARGS = ["--model-path", "moonshotai/Kimi-K2.5", "--tp-size", "8"]
+KIMI_ARGS += ["--mem-fraction-static", "0.88", "--kv-cache-dtype", "bf16"]
+KIMI_ARGS += ["--enable-hierarchical-cache"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else 1), out.out, out.err
+
+
+def run_json(capsys, *args: str) -> tuple[int, dict[str, Any]]:
+    code, out, err = run(capsys, "preflight", "--json", *args)
+    assert not err
+    return code, json.loads(out)
+
+
+# --- the seed box --------------------------------------------------------------------------
+
+
+def test_seed_config_refuses_300_and_prints_the_safe_size(capsys):
+    code, out, _ = run(capsys, "preflight", "--config", str(SEED))
+    assert code == 1
+    assert "NO FIT" in out
+    assert "safe --hicache-size 49" in out
+    assert "host KV pool 300.0 GB × 8" in out
+
+
+def test_seed_config_json_schema(capsys):
+    code, data = run_json(capsys, "--config", str(SEED))
+    assert code == 1
+    assert data["verdict"] == "no-fit"
+    assert data["local_ranks"] == 8
+    assert data["bytes_per_token_per_rank"] == 70_272
+    assert 45 <= data["max_hicache_size_gb"] <= 50
+    assert data["host_required_bytes"] > data["host_budget_bytes"]
+    assert data["device_tokens_per_rank"] > 0
+    assert data["host_pool_bytes_per_rank"] == (300 * GB // 70_272 + 1) * 70_272
+    failed = {c["name"] for c in data["checks"] if c["status"] == "fail"}
+    assert failed == {"host_memory"}
+
+
+def test_seed_box_with_48_gb_fits(capsys):
+    code, data = run_json(capsys, *SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "48")
+    assert code == 0
+    assert data["verdict"] == "fit"
+
+
+def test_print_args_substitutes_the_safe_size_in_place_and_redacts_secrets(capsys):
+    args = [*KIMI_ARGS, "--hicache-size=300", "--api-key", "s3cret", "--port", "30001"]
+    code, out, _ = run(capsys, "preflight", "--print-args", *SEED_FACTS, "--", *args)
+    assert code == 0
+    line = out.strip()
+    assert line.endswith(
+        "--enable-hierarchical-cache --hicache-size=49 --api-key '***' --port 30001"
+    )
+    assert "s3cret" not in out
+
+
+def test_print_args_when_nothing_fits_exits_1(capsys):
+    facts = [*SEED_FACTS[2:], "--mem-available", "55GB"]
+    code, _out, err = run(capsys, "preflight", "--print-args", *facts, "--", *KIMI_ARGS)
+    assert code == 1
+    assert "no --hicache-size fits" in err
+
+
+def test_dp_size_2_doubles_the_local_ranks(capsys):
+    args = [*KIMI_ARGS, "--hicache-size", "30", "--dp-size", "2"]
+    code, data = run_json(capsys, *SEED_FACTS, "--", *args)
+    assert data["local_ranks"] == 16
+    assert code == 1
+
+
+def test_a_lopsided_numa_node_fails_on_that_node(capsys):
+    numa = ["--numa", "0:400GB:0-3", "--numa", "1:45GB:4,5,6,7"]
+    args = [*KIMI_ARGS, "--hicache-size", "40"]
+    code, data = run_json(capsys, *SEED_FACTS, *numa, "--", *args)
+    assert code == 1
+    status = {c["name"]: c["status"] for c in data["checks"]}
+    assert status["host_memory"] == "ok"
+    assert status["numa_node0"] == "ok"
+    assert status["numa_node1"] == "fail"
+
+
+def test_avg_request_tokens_changes_what_the_safe_size_buys(capsys):
+    _, small = run_json(capsys, "--config", str(SEED), "--avg-request-tokens", "1000")
+    _, default = run_json(capsys, "--config", str(SEED))
+    assert small["safe_concurrent_requests"] == small["safe_host_tokens_per_rank"] // 1000
+    assert default["avg_request_tokens"] == 4096
+
+
+def test_ratio_mode_without_gpu_facts_reports_the_unknown_device_pool(capsys):
+    facts = ["--mem-available", "445GB", "--model-config", str(LLAMA), "--gpu-backend", "none"]
+    args = ["--model-path", "x/y", "--tp", "8", "--enable-hicache", "--hicache-ratio", "2"]
+    code, data = run_json(capsys, *facts, "--", *args)
+    assert code == 1
+    assert data["device_tokens_per_rank"] is None
+    assert data["host_pool_bytes_per_rank"] is None
+    host_pool = next(c for c in data["checks"] if c["name"] == "host_pool")
+    assert "the device pool is unknown" in host_pool["detail"]
+    assert data["max_hicache_size_gb"] > 0  # size mode needs no device pool
+
+
+def test_all_example_configs_load_and_answer(capsys):
+    for path in sorted((ROOT / "configs").glob("*.toml")):
+        code, data = run_json(capsys, "--config", str(path))
+        assert code in (0, 1), path
+        assert data["max_hicache_size_gb"] > 0, path
+
+
+# --- bad input: message and exit code 2 ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--", "--model-path", "/nonexistent/model", "--tp", "8"], "neither a local directory"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "-5"], "--hicache-size '-5'"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "1.5"], "--hicache-size '1.5'"),
+        (["--mem-available", "445XB", "--", *KIMI_ARGS], "unknown size unit 'XB'"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--tp", "4"], "contradicting flags"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--tp_size", "4"], "SGLang spells it --tp-size"),
+        ([*SEED_FACTS, "--", "--tp", "8"], "--model-path is missing"),
+        ([*SEED_FACTS], "no launch_server arguments"),
+        ([*SEED_FACTS, "--numa", "zero:1GB", "--", *KIMI_ARGS], "NODE:SIZE"),
+        ([*SEED_FACTS, "--model-config", "/nonexistent.json", "--", *KIMI_ARGS], "does not exist"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(capsys, args, message):
+    code, out, err = run(capsys, "preflight", *args)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err + out
+
+
+def test_malformed_model_config_names_the_file(capsys, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"num_hidden_layers": 61,,}')
+    code, _, err = run(
+        capsys, "preflight", *SEED_FACTS, "--model-config", str(bad), "--", *KIMI_ARGS
+    )
+    assert code == 2
+    assert f"model config {bad} is not valid JSON" in err
+    assert "line 1" in err
+
+
+def test_model_dir_without_config_json_is_bad_input(capsys, tmp_path):
+    code, _, err = run(
+        capsys, "preflight", "--mem-available", "1TB", "--", "--model-path", str(tmp_path)
+    )
+    assert code == 2
+    assert "has no config.json" in err
+
+
+def test_config_lacking_geometry_names_the_key(capsys, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"num_attention_heads": 8, "hidden_size": 1024}')
+    code, _, err = run(
+        capsys, "preflight", *SEED_FACTS, "--model-config", str(bad), "--", *KIMI_ARGS
+    )
+    assert code == 2
+    assert "num_hidden_layers" in err
+
+
+def test_toml_syntax_error_gives_the_line(capsys, tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[server]\nargs = ["--tp", "8"\n\n[host]\n')
+    code, _, err = run(capsys, "preflight", "--config", str(cfg))
+    assert code == 2
+    assert "not valid TOML" in err
+    assert "line" in err
+
+
+def test_config_key_of_the_wrong_type_is_named(capsys, tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[host]\ngpus = "eight"\n')
+    code, _, err = run(capsys, "preflight", "--config", str(cfg), "--", *KIMI_ARGS)
+    assert code == 2
+    assert "host.gpus" in err
+
+
+def test_unknown_size_unit_in_the_config_is_named(capsys, tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[preflight]\nreserve = "10 gigs"\n')
+    code, _, err = run(capsys, "preflight", "--config", str(cfg), "--", *KIMI_ARGS)
+    assert code == 2
+    assert "preflight.reserve" in err
+
+
+# --- measured host facts (no planning): fake /proc and a fake GPU sensor -------------------
+
+
+class FakeGpus:
+    def __init__(self, gpus: tuple[GpuState, ...] | None) -> None:
+        self.gpus = gpus
+
+    def read_gpus(self) -> tuple[GpuState, ...] | None:
+        return self.gpus
+
+    def close(self) -> None:
+        pass
+
+
+def gpu(index: int, used: int = 0, node: int = 0, pids: tuple[int, ...] = ()) -> GpuState:
+    return GpuState(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA RTX PRO 6000",
+        total_bytes=96 * GiB,
+        used_bytes=used,
+        processes=tuple(GpuProcess(pid=p, used_bytes=1) for p in pids),
+        numa_node=node,
+    )
+
+
+def fake_host(tmp_path: Path, cgroup: str = "0::/\n") -> HostProbe:
+    proc, sys_root, cg = tmp_path / "proc", tmp_path / "sys", tmp_path / "cg"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(
+        f"MemTotal: {449 * GB // 1024} kB\nMemAvailable: {445 * GB // 1024} kB\n"
+    )
+    (proc / "self" / "cgroup").write_text(cgroup)
+    (proc / "self" / "limits").write_text("Max locked memory  unlimited  unlimited  bytes\n")
+    for node in (0, 1):
+        d = sys_root / "devices" / "system" / "node" / f"node{node}"
+        d.mkdir(parents=True)
+        d.joinpath("meminfo").write_text(
+            f"Node {node} MemTotal: 300000000 kB\nNode {node} MemFree: 250000000 kB\n"
+        )
+    cg.mkdir()
+    (cg / "cgroup.controllers").write_text("memory\n")
+    return HostProbe(proc_root=proc, sys_root=sys_root, cgroup_root=cg, shm_path=tmp_path)
+
+
+def measured_config() -> SupervisorConfig:
+    import dataclasses
+
+    base = SupervisorConfig()
+    server = dataclasses.replace(base.server, model_config=str(KIMI))
+    pre = dataclasses.replace(base.preflight, weights_bytes=595 * GB)
+    return dataclasses.replace(base, server=server, preflight=pre, host=HostConfig())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_measured_box_reads_gpus_numa_and_local_checks(tmp_path):
+    port = free_port()
+    gpus = FakeGpus(tuple(gpu(i, used=GiB, node=i // 4) for i in range(8)))
+    args = [*KIMI_ARGS, "--hicache-size", "48", "--host", "127.0.0.1", "--port", str(port)]
+    report = run_preflight(
+        measured_config(), args, gpu_sensor=gpus, probe=fake_host(tmp_path), env={}
+    )
+    status = {c.name: c.status.value for c in report.checks}
+    assert report.verdict == "fit", report.render_table()
+    assert report.device_tokens_per_rank
+    assert report.device_tokens_per_rank > 0
+    assert status["numa_node0"] == status["numa_node1"] == "ok"
+    assert status["port"] == status["gpu_holders"] == status["memlock"] == "ok"
+
+
+def test_busy_gpu_bound_port_and_cgroup_garbage(tmp_path):
+    gpus = FakeGpus(tuple(gpu(i, pids=(4242,) if i == 3 else ()) for i in range(8)))
+    probe = fake_host(tmp_path, cgroup="0::/sub\n")
+    (probe.cgroup_root / "sub").mkdir()
+    (probe.cgroup_root / "sub" / "memory.max").write_text("garbage\n")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        args = [*KIMI_ARGS, "--hicache-size", "48", "--host", "127.0.0.1", "--port", str(port)]
+        report = run_preflight(measured_config(), args, gpu_sensor=gpus, probe=probe, env={})
+    checks = {c.name: c for c in report.checks}
+    assert checks["cgroup"].status.value == "warn"
+    assert checks["port"].status.value == "fail"
+    assert checks["gpu_holders"].status.value == "fail"
+    assert "4242" in checks["gpu_holders"].detail
+    assert checks["host_memory"].status.value == "ok"
+    assert report.verdict == "no-fit"
+
+
+def test_too_few_gpus_and_hugepages_shortfall(tmp_path):
+    gpus = FakeGpus(tuple(gpu(i) for i in range(4)))
+    args = [*KIMI_ARGS, "--hicache-size", "48"]
+    env = {"SGLANG_HUGEPAGE_SIZE": "1GB"}
+    report = run_preflight(
+        measured_config(), args, gpu_sensor=gpus, probe=fake_host(tmp_path), env=env
+    )
+    checks = {c.name: c.status.value for c in report.checks}
+    assert checks["gpus"] == "fail"
+    assert checks["hugepages"] == "fail"
+
+
+def test_preflight_never_imports_sglang_or_torch():
+    code = (
+        "import sys\n"
+        "from supervisor.cli import main\n"
+        "try:\n"
+        f"    main(['preflight', '--json', '--config', {str(SEED)!r}])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('IMPORTED', 'sglang' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.stdout.strip().splitlines()[-1] == "IMPORTED False False", done.stderr
