@@ -9,6 +9,8 @@ Precedence: command-line options > config file > defaults.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import shlex
 import sys
 import types
 import typing
@@ -210,12 +212,120 @@ class RunConfig:
 
     name: str = "default"
     state_dir: str = ""  # empty: /var/lib/sglang-supervisor/<name>/
-    stop_grace_s: float = 60.0
+    stop_grace_s: float = 60.0  # SIGTERM -> SIGKILL; SGLang drains requests meanwhile
+    health_path: str = "/health"
+    health_interval_s: float = 10.0
+    # SGLang's /health runs a one-token generation with a 20 s limit (sglang.md §4).
+    health_timeout_s: float = 25.0
+    failure_threshold: int = 3  # consecutive failed health checks = dead
+    startup_timeout_s: float = 3600.0  # hard limit, even while the load progresses
+    startup_stall_timeout_s: float = 600.0  # no memory growth and no log line for this long
+    # 10 s doubling to 300 s, reset after 10 min healthy (prior-art.md §9, GPUStack / RBG).
+    backoff_initial_s: float = 10.0
+    backoff_max_s: float = 300.0
+    stable_after_s: float = 600.0
+    max_restarts: int = 5  # more restarts than this within restart_window = crash loop (exit 5)
+    restart_window_s: float = 1800.0
+    auto_size: bool = False  # on no-fit, launch with the pre-flight's largest safe --hicache-size
+    force: bool = False  # on no-fit, launch anyway
+    kill_foreign_gpu_processes: bool = False
+    oom_score_adj: int = 500  # for the server tree: the kernel OOM killer takes it, not us
+    log_format: str = "auto"  # auto | json | console
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str, value: object) -> ConfigError:
+            return ConfigError(f"config key run.{key} {why} (got {value!r})")
+
+        if not self.name or not all(c.isalnum() or c in "._@-" for c in self.name):
+            raise bad("name", "must be letters, digits, '.', '_', '@' or '-'", self.name)
+        for key in (
+            "health_interval_s",
+            "health_timeout_s",
+            "startup_timeout_s",
+            "startup_stall_timeout_s",
+            "backoff_initial_s",
+            "stable_after_s",
+            "restart_window_s",
+        ):
+            if getattr(self, key) <= 0:
+                raise bad(key[:-2], "must be positive", getattr(self, key))
+        if self.stop_grace_s < 0:
+            raise bad("stop_grace", "must not be negative", self.stop_grace_s)
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise bad("backoff_max", "must be at least run.backoff_initial", self.backoff_max_s)
+        if self.failure_threshold < 1:
+            raise bad("failure_threshold", "must be at least 1", self.failure_threshold)
+        if self.max_restarts < 0:
+            raise bad("max_restarts", "must not be negative", self.max_restarts)
+        if not self.health_path.startswith("/"):
+            raise bad("health_path", "must start with /", self.health_path)
+        if not -1000 <= self.oom_score_adj <= 1000:
+            raise bad("oom_score_adj", "must be in [-1000, 1000]", self.oom_score_adj)
+        if self.log_format not in ("auto", "json", "console"):
+            raise bad("log_format", "must be auto, json or console", self.log_format)
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise bad("log_level", "must be debug, info, warning or error", self.log_level)
 
 
 @dataclasses.dataclass(**_FROZEN)
 class WatchdogConfig:
-    """Host-memory watchdog levels (issue: watchdog)."""
+    """Host-memory watchdog levels and the restart-smaller rule (issue: watchdog).
+
+    Levels are on host headroom (MemAvailable capped by cgroup headroom): warn > terminate > kill.
+    Each is bytes and/or percent of MemAvailable + the tree's charge; when both are set the lower
+    applies; 0 switches that form off. Defaults leave room for the pre-flight's 10 GiB reserve.
+    """
+
+    enabled: bool = True
+    warn_bytes: int = 8 * GiB
+    warn_percent: float = 8.0
+    terminate_bytes: int = 4 * GiB
+    terminate_percent: float = 4.0
+    kill_bytes: int = 2 * GiB
+    kill_percent: float = 2.0
+    # Tree budget = the pre-flight's expected total; kill above it plus the larger margin. The
+    # pre-flight's per-rank overhead (4 GiB) is the low end of the 4-8 GiB seen (sglang.md §5).
+    tree_margin_percent: float = 10.0
+    tree_margin_bytes: int = 8 * GiB
+    warn_ticks: int = 3
+    psi_full_warn_percent: float = 40.0  # 0: off
+    terminate_grace_s: float = 5.0
+    ramp_gb_per_second: float = 6.0  # earlyoom's measured worst allocator, 6000 KiB/ms
+    min_interval_s: float = 0.05
+    max_interval_s: float = 1.0
+    shrink_factor: float = 0.75
+    min_hicache_size_bytes: int = 1 * GB
+    incident_log_lines: int = 200
+
+    def __post_init__(self) -> None:
+        levels = ("warn", "terminate", "kill")
+        for unit in ("bytes", "percent"):
+            values = [(name, getattr(self, f"{name}_{unit}")) for name in levels]
+            set_ = [(n, v) for n, v in values if v]
+            for (hi, hv), (lo, lv) in itertools.pairwise(set_):
+                if lv >= hv:
+                    key = lo if unit == "bytes" else f"{lo}_percent"
+                    other = hi if unit == "bytes" else f"{hi}_percent"
+                    raise ConfigError(
+                        f"config key watchdog.{key} ({lv}) must be below watchdog.{other} ({hv}): "
+                        "levels on available memory go warn > terminate > kill"
+                    )
+        for name in ("warn_percent", "terminate_percent", "kill_percent", "tree_margin_percent"):
+            if not 0 <= getattr(self, name) < 100:
+                raise ConfigError(f"config key watchdog.{name} must be in [0, 100)")
+        if not 0 < self.shrink_factor < 1:
+            raise ConfigError("config key watchdog.shrink_factor must be between 0 and 1")
+        if not 0 < self.min_interval_s <= self.max_interval_s:
+            raise ConfigError(
+                "config key watchdog.min_interval must be positive and at most max_interval"
+            )
+        if self.warn_ticks < 1:
+            raise ConfigError("config key watchdog.warn_ticks must be at least 1")
+        if self.ramp_gb_per_second <= 0:
+            raise ConfigError("config key watchdog.ramp_gb_per_second must be positive")
+        if self.terminate_grace_s < 0 or self.incident_log_lines < 0:
+            raise ConfigError("watchdog.terminate_grace and incident_log_lines must be >= 0")
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -223,6 +333,35 @@ class GpuConfig:
     """GPU access: which NVML backend, how to reset a stuck GPU (issues: test bed, watchdog)."""
 
     backend: str = "auto"  # nvml | sim | none | auto (nvml when the library loads, else none)
+    # Run for a GPU whose memory stays held with no process: {index} and {uuid} are filled in,
+    # split like a shell would (no shell runs). Bare metal: "nvidia-smi --gpu-reset -i {index}";
+    # in a VM, a hypervisor hook. Empty: never reset, exit 6 instead.
+    reset_command: str = ""
+    reset_timeout_s: float = 120.0
+    # Unpinning 243 GB after SIGKILL takes ~26 s (sglang PR #32829); allow for larger pools.
+    release_timeout_s: float = 120.0
+    release_tolerance_bytes: int = 1 * GiB  # used memory counts as released within this
+    d_state_grace_s: float = 120.0  # extra wait for holders stuck in D state
+    nvml_timeout_s: float = 5.0  # one NVML query; longer means NVML hangs (GPU state unknown)
+
+    def __post_init__(self) -> None:
+        for name in ("reset_timeout_s", "release_timeout_s", "d_state_grace_s", "nvml_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"config key gpu.{name[:-2]} must be positive")
+        if self.reset_command:
+            try:
+                words = shlex.split(self.reset_command)
+            except ValueError as exc:
+                raise ConfigError(f"config key gpu.reset_command: {exc}") from None
+            if not words:
+                raise ConfigError("config key gpu.reset_command is blank")
+            try:
+                " ".join(words).format(index=0, uuid="GPU-0")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ConfigError(
+                    f"config key gpu.reset_command: only {{index}} and {{uuid}} can be filled "
+                    f"in ({exc!r})"
+                ) from None
 
 
 @dataclasses.dataclass(**_FROZEN)

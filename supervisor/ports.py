@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from supervisor.core.gpu_release import ResetOutcome
-from supervisor.core.readings import GpuState
+from supervisor.core.readings import GpuState, ProcessInfo
 
 
 class GpuSensor(Protocol):
@@ -33,4 +33,24 @@ class GpuResetter(Protocol):
 
     def reset(self, index: int, uuid: str) -> ResetOutcome:
         """Run the reset for GPU `index`/`uuid`; never raises, the outcome says what happened."""
+        ...
+
+
+class ServerHandle(Protocol):
+    """What the memory watchdog needs of a running server tree (adapters.server_process)."""
+
+    pid: int
+
+    def tree(self) -> tuple[ProcessInfo, ...]:
+        """Every process of the tree now (a full /proc scan)."""
+        ...
+
+    def kill_all(self, kind: str = ..., detail: str = ...) -> tuple[int, ...]:
+        """SIGKILL the group and every descendant at once; the PIDs signalled."""
+        ...
+
+    def signal_group(self, sig: int) -> None: ...
+
+    def tail(self) -> tuple[str, ...]:
+        """The last lines of the server's output (already redacted)."""
         ...

@@ -1,0 +1,240 @@
+"""NVML isolated in a worker process with a deadline per query (implements ports.GpuSensor).
+
+NVML can block forever after some GPU faults (open-gpu-kernel-modules #1333). A thread stuck in
+the driver cannot be killed, keeps its NVML handle (which also blocks a GPU reset) and every later
+in-process NVML call queues behind the same library lock; a worker process can be abandoned and
+replaced. So: a query that misses its deadline marks the GPU state unknown (None), raises an
+alert, kills the worker, and the next queries answer None at once until `retry_after_s` has
+passed. The memory watchdog never queries: it reads `last_snapshot()`, which never blocks.
+
+Worker protocol (stdin/stdout, one JSON line each): "read" -> {"gpus": [...]} or {"gpus": null}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from supervisor.adapters.nvml import open_gpu_sensor
+from supervisor.core.readings import GpuProcess, GpuState
+
+log = structlog.get_logger("supervisor.gpu_guard")
+
+# Importing pynvml and nvmlInit take ~0.1-0.5 s on a healthy box; a first answer later than this
+# is a hang too.
+STARTUP_ALLOWANCE_S = 10.0
+
+
+def _to_json(gpus: tuple[GpuState, ...] | None) -> str:
+    if gpus is None:
+        return json.dumps({"gpus": None})
+    return json.dumps(
+        {
+            "gpus": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "total_bytes": g.total_bytes,
+                    "used_bytes": g.used_bytes,
+                    "numa_node": g.numa_node,
+                    "processes": [[p.pid, p.used_bytes] for p in g.processes],
+                }
+                for g in gpus
+            ]
+        }
+    )
+
+
+def _from_json(line: str) -> tuple[GpuState, ...] | None:
+    data: Any = json.loads(line)
+    if data.get("gpus") is None:
+        return None
+    return tuple(
+        GpuState(
+            index=int(g["index"]),
+            uuid=str(g["uuid"]),
+            name=str(g["name"]),
+            total_bytes=int(g["total_bytes"]),
+            used_bytes=int(g["used_bytes"]),
+            numa_node=g["numa_node"],
+            processes=tuple(GpuProcess(pid=int(p), used_bytes=u) for p, u in g["processes"]),
+        )
+        for g in data["gpus"]
+    )
+
+
+class GuardedGpuSensor:
+    """GpuSensor whose every NVML query runs in a worker process and is bounded by `timeout_s`."""
+
+    def __init__(
+        self,
+        backend: str,
+        *,
+        timeout_s: float = 5.0,
+        retry_after_s: float = 30.0,
+        sim_state_dir: Path | None = None,
+        on_alert: Callable[[str], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.retry_after_s = retry_after_s
+        self.sim_state_dir = sim_state_dir
+        self.on_alert = on_alert
+        self._worker: subprocess.Popen[str] | None = None
+        self._answered = False
+        self._abandoned: list[subprocess.Popen[str]] = []
+        self._retry_at = 0.0
+        self._lock = threading.Lock()
+        self._last: tuple[float, tuple[GpuState, ...] | None] | None = None
+        self.hangs = 0
+
+    @property
+    def is_watching(self) -> bool:
+        """False for the `none` backend: there are no GPUs to wait for."""
+        return self.backend != "none"
+
+    def last_snapshot(self) -> tuple[float, tuple[GpuState, ...] | None] | None:
+        """(monotonic time, GPUs or None) of the latest query; never blocks, never queries."""
+        return self._last
+
+    def read_gpus(self) -> tuple[GpuState, ...] | None:
+        if not self.is_watching:
+            return None
+        with self._lock:
+            self._reap_abandoned()
+            if time.monotonic() < self._retry_at:
+                return None
+            gpus = self._query()
+            self._last = (time.monotonic(), gpus)
+            return gpus
+
+    def close(self) -> None:
+        """Stop the worker: its NVML handle goes with it (a GPU reset needs every client gone)."""
+        with self._lock:
+            for abandoned in self._abandoned:
+                # Killed already; a worker stuck in the driver stays listed (never blocks long).
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    abandoned.wait(timeout=1.0)
+            self._reap_abandoned()
+            worker, self._worker = self._worker, None
+            if worker is None:
+                return
+            with contextlib.suppress(OSError):
+                if worker.stdin is not None:
+                    worker.stdin.close()
+            try:
+                worker.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                self._abandon(worker)
+            if worker.stdout is not None:
+                worker.stdout.close()
+
+    # -- worker management -------------------------------------------------------------
+
+    def _start(self) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-m", "supervisor.adapters.gpu_guard", "--backend", self.backend]
+        if self.sim_state_dir is not None:
+            argv += ["--sim-state-dir", str(self.sim_state_dir)]
+        self._answered = False
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            close_fds=True,
+        )
+
+    def _query(self) -> tuple[GpuState, ...] | None:
+        if self._worker is None or self._worker.poll() is not None:
+            self._worker = self._start()
+        worker = self._worker
+        if worker.stdin is None or worker.stdout is None:  # pragma: no cover - PIPEs above
+            raise RuntimeError("gpu worker started without pipes")
+        deadline = self.timeout_s + (0.0 if self._answered else STARTUP_ALLOWANCE_S)
+        try:
+            worker.stdin.write("read\n")
+            worker.stdin.flush()
+            ready, _, _ = select.select([worker.stdout], [], [], deadline)
+            line = worker.stdout.readline() if ready else ""
+        except (OSError, ValueError):
+            line = ""
+        if not line:
+            self._hung(worker, f"NVML query gave no answer within {deadline:g} s")
+            return None
+        self._answered = True
+        try:
+            return _from_json(line)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _hung(self, worker: subprocess.Popen[str], why: str) -> None:
+        self.hangs += 1
+        self._worker = None
+        self._abandon(worker)
+        self._retry_at = time.monotonic() + self.retry_after_s
+        log.error("nvml_hung", reason=why, retry_after_s=self.retry_after_s, gpu_state="unknown")
+        if self.on_alert is not None:
+            self.on_alert(why)
+
+    def _abandon(self, worker: subprocess.Popen[str]) -> None:
+        # SIGKILL stays pending while the worker is stuck in the driver (D state); reap it later.
+        with contextlib.suppress(OSError):
+            worker.kill()
+        for stream in (worker.stdin, worker.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        self._abandoned.append(worker)
+
+    def _reap_abandoned(self) -> None:
+        self._abandoned = [w for w in self._abandoned if w.poll() is None]
+
+
+def _serve(backend: str, sim_state_dir: Path | None) -> int:
+    # Die with the supervisor even if it is SIGKILLed: stdin EOF ends the loop, and PDEATHSIG
+    # covers a worker blocked in a query at that moment.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    try:
+        sensor = open_gpu_sensor(backend, sim_state_dir=sim_state_dir)
+    except Exception:  # noqa: BLE001 - any failure to open NVML answers "unknown"
+        sensor = None
+    for line in sys.stdin:
+        if line.strip() != "read":
+            continue
+        gpus = sensor.read_gpus() if sensor is not None else None
+        sys.stdout.write(_to_json(gpus) + "\n")
+        sys.stdout.flush()
+    if sensor is not None:
+        sensor.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m supervisor.adapters.gpu_guard")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--sim-state-dir", type=Path)
+    args = parser.parse_args(argv)
+    os.environ.pop("PYTHONWARNINGS", None)
+    return _serve(args.backend, args.sim_state_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

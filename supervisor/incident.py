@@ -1,0 +1,187 @@
+"""Incident reports: one JSON file per incident in the state directory, written atomically, plus
+one structured log event. Later steps (tree gone, GPUs released, relaunched) are appended.
+
+Never holds secrets: log lines pass through the caller's redaction and a last regex pass here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from supervisor.core.policy import Decision, Limits, Reading
+from supervisor.core.readings import GpuState, ProcessInfo
+
+log = structlog.get_logger("supervisor.incident")
+
+TOP_PROCESSES = 10
+
+# Belt and braces on top of the output pump's redaction: flag values and KEY/TOKEN/SECRET
+# environment assignments that a server might print.
+_SECRET_FLAG = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
+_SECRET_ENV = re.compile(r"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET)[A-Z0-9_]*=)(\S+)")
+
+
+def redact_line(line: str) -> str:
+    """Hide `--api-key X`, `--admin-api-key=X` and `SOMETHING_TOKEN=X` values."""
+    return _SECRET_ENV.sub(r"\1***", _SECRET_FLAG.sub(r"\1***", line))
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def reading_dict(r: Reading, t0: float) -> dict[str, Any]:
+    return {
+        "t_s": round(r.t_s - t0, 4),
+        "available_bytes": r.available_bytes,
+        "tree_charged_bytes": r.tree_charged_bytes,
+        "psi_some_avg10": r.psi_some_avg10,
+        "psi_full_avg10": r.psi_full_avg10,
+    }
+
+
+def process_dict(p: ProcessInfo) -> dict[str, Any]:
+    return {
+        "pid": p.pid,
+        "ppid": p.ppid,
+        "state": p.state,
+        "title": redact_line(p.title),
+        "rss_anon_bytes": p.rss_anon_bytes,
+        "rss_shmem_bytes": p.rss_shmem_bytes,
+        "rss_file_bytes": p.rss_file_bytes,
+        "charged_bytes": p.charged_bytes,
+    }
+
+
+def gpu_dict(g: GpuState) -> dict[str, Any]:
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "used_bytes": g.used_bytes,
+        "total_bytes": g.total_bytes,
+        "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in g.processes],
+    }
+
+
+def memory_report(
+    *,
+    decision: Decision,
+    limits: Limits,
+    history: Sequence[Reading],
+    tree: Iterable[ProcessInfo],
+    gpus: tuple[float, tuple[GpuState, ...] | None] | None,
+    log_tail: Sequence[str],
+    now_s: float,
+    proc_root: Path = Path("/proc"),
+    redact: Callable[[str], str] = redact_line,
+) -> dict[str, Any]:
+    """Everything a memory incident records, as plain JSON data."""
+    t0 = history[0].t_s if history else now_s
+    top = sorted(tree, key=lambda p: p.charged_bytes, reverse=True)[:TOP_PROCESSES]
+    gpu_part: dict[str, Any]
+    if gpus is None:
+        gpu_part = {"state": "not read"}
+    elif gpus[1] is None:
+        gpu_part = {"state": "unknown", "age_s": round(now_s - gpus[0], 3)}
+    else:
+        gpu_part = {"age_s": round(now_s - gpus[0], 3), "gpus": [gpu_dict(g) for g in gpus[1]]}
+    meminfo = _read_text(proc_root / "meminfo")
+    psi = _read_text(proc_root / "pressure" / "memory")
+    return {
+        "decision": {
+            "verdict": decision.verdict.value,
+            "reason": decision.reason,
+            "predicted_by_trend": decision.predicted,
+            "available_drop_bytes_per_s": round(decision.available_drop_bytes_per_s),
+            "tree_growth_bytes_per_s": round(decision.tree_growth_bytes_per_s),
+            "next_interval_s": decision.next_interval_s,
+        },
+        "thresholds": {
+            **decision.thresholds(),
+            "tree_budget_bytes": limits.tree_budget_bytes,
+            "tree_kill_bytes": limits.tree_kill_bytes,
+            "warn_ticks": limits.warn_ticks,
+            "terminate_grace_s": limits.terminate_grace_s,
+            "assumed_ramp_bytes_per_s": limits.worst_ramp_bytes_per_s,
+        },
+        "ticks": [reading_dict(r, t0) for r in history],
+        "meminfo": meminfo.splitlines() if meminfo is not None else None,
+        "pressure_memory": psi.splitlines() if psi is not None else None,
+        "top_processes": [process_dict(p) for p in top],
+        "gpu_snapshot": gpu_part,
+        "server_log_tail": [redact_line(redact(line)) for line in log_tail][-200:],
+    }
+
+
+class Incident:
+    """One incident file; `record_next` appends what happened afterwards and rewrites it."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = path
+        self.data = data
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(
+        cls, state_dir: Path, kind: str, summary: str, details: Mapping[str, Any]
+    ) -> Incident | None:
+        """Write a new incident; None (logged) when the state directory is not writable."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        data: dict[str, Any] = {
+            "kind": kind,
+            "summary": summary,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **details,
+            "next": [],
+        }
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(
+                dir=state_dir, prefix=f"incident-{stamp}-{kind}-", suffix=".json"
+            )
+            os.close(fd)
+            incident = cls(Path(name), data)
+            incident._write()
+        except OSError as exc:
+            log.error("incident_not_written", kind=kind, summary=summary, error=str(exc))
+            return None
+        log.warning("incident_written", kind=kind, summary=summary, path=str(incident.path))
+        return incident
+
+    def record_next(self, step: str, **data: Any) -> None:
+        """Append a later step (`tree_gone`, `gpu_release`, `relaunch`, ...) with its data."""
+        with self._lock:
+            entry = {"step": step, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            self.data["next"].append({**entry, **data})
+            try:
+                self._write()
+            except OSError as exc:
+                log.error("incident_not_updated", path=str(self.path), error=str(exc))
+
+    def _write(self) -> None:
+        payload = json.dumps(self.data, indent=2, default=str) + "\n"
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".incident-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise

@@ -1,0 +1,310 @@
+"""The host-memory watchdog thread: read → core.policy.decide → act → tell the runner.
+
+Runs beside the runner's main loop (which may sit in a 25 s health check) and acts on its own:
+in a memory emergency it SIGKILLs the whole server tree at once (group + subreaper escapees via
+the server handle's kill_all), hands the memory back with process_mrelease, writes the incident
+and posts a WatchdogEvent; the runner classifies the death as memory_kill, waits for the GPUs
+(cleanup.py) and relaunches smaller. It never queries NVML: the GPU snapshot in an incident is
+the guard's last one.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import signal
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import structlog
+
+from supervisor.adapters import reclaim
+from supervisor.adapters.clock import SystemClock
+from supervisor.adapters.host import HostProbe, HostReadError
+from supervisor.adapters.psi import MemoryPressure, read_memory_pressure
+from supervisor.core.policy import Decision, Limits, Reading, Verdict, decide
+from supervisor.core.readings import GpuState, HostMemory, ProcessInfo
+from supervisor.incident import Incident, memory_report
+from supervisor.ports import Clock, ServerHandle
+
+log = structlog.get_logger("supervisor.watchdog")
+
+HISTORY_TICKS = 64
+# A full /proc scan finds new processes of the tree; between scans only known PIDs are read
+# (~30 µs each instead of ~3 ms for the scan, prior-art.md §5: "tree scans at 1 Hz").
+RESCAN_S = 1.0
+REPORT_INTERVAL_S = 60.0
+# How long the watchdog itself waits to see the killed tree disappear (for the incident only).
+GONE_WAIT_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class WatchdogEvent:
+    """Posted to the runner: the watchdog killed or terminated the server."""
+
+    kind: str  # "memory_kill" | "memory_terminate"
+    reason: str
+    at_s: float  # monotonic time of the signal
+    pids: tuple[int, ...] = ()
+    incident_path: str | None = None
+    predicted: bool = False
+
+
+HostSource = Callable[[Sequence[ProcessInfo]], HostMemory]
+
+
+def system_host_source(server_pid: int, probe: HostProbe | None = None) -> HostSource:
+    """MemAvailable from /proc/meminfo, capped by the server cgroup's headroom when it has a
+    limit (looked up once: a server without a limit costs one meminfo read per tick)."""
+    host = probe or HostProbe()
+    limited = host.read_cgroup_headroom(str(server_pid)).headroom_bytes is not None
+
+    def read(_tree: Sequence[ProcessInfo]) -> HostMemory:
+        mem = host.read_meminfo()
+        if not limited:
+            return mem
+        headroom = host.read_cgroup_headroom(str(server_pid)).headroom_bytes
+        return dataclasses.replace(mem, cgroup_headroom_bytes=headroom)
+
+    return read
+
+
+class MemoryWatchdog:
+    """One watchdog per launched server; `start()` after launch, `stop()` before the next."""
+
+    def __init__(
+        self,
+        server: ServerHandle,
+        limits: Limits,
+        *,
+        post: Callable[[WatchdogEvent], None],
+        read_host: HostSource | None = None,
+        read_pids: Callable[[Iterable[int]], tuple[ProcessInfo, ...]] | None = None,
+        read_psi: Callable[[], MemoryPressure | None] = read_memory_pressure,
+        tree_view: Callable[[tuple[ProcessInfo, ...]], tuple[ProcessInfo, ...]] | None = None,
+        gpu_snapshot: Callable[[], tuple[float, tuple[GpuState, ...] | None] | None] | None = None,
+        state_dir: Path | None = None,
+        run_id: str = "",
+        clock: Clock | None = None,
+        rescan_s: float = RESCAN_S,
+    ) -> None:
+        self.server = server
+        self.limits = limits
+        self.post = post
+        self.read_host = read_host or system_host_source(server.pid)
+        self.read_pids = read_pids
+        self.read_psi = read_psi
+        self.tree_view = tree_view or (lambda tree: tree)
+        self.gpu_snapshot = gpu_snapshot
+        self.state_dir = state_dir
+        self.run_id = run_id
+        self.clock: Clock = clock or SystemClock()
+        self.rescan_s = rescan_s
+        self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
+        self.tree: tuple[ProcessInfo, ...] = ()
+        self.streak = 0
+        self.terminated_at_s: float | None = None
+        self.killed_at_s: float | None = None
+        self.gone_at_s: float | None = None
+        self.incident: Incident | None = None
+        self.last: Decision | None = None
+        self.ticks = 0
+        self._last_scan_s = float("-inf")
+        self._last_report_s = float("-inf")
+        self._last_verdict = Verdict.OK
+        self._host_error_logged = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="memory-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        log.info("watchdog_started", server_pid=self.server.pid, run_id=self.run_id)
+        while not self._stop.is_set():
+            try:
+                decision = self.tick()
+            except Exception:  # the watchdog must outlive a bad tick (logged with traceback)
+                log.exception("watchdog_tick_failed")
+                self._stop.wait(1.0)
+                continue
+            if self.killed_at_s is not None:
+                self._after_kill()
+                return
+            self._stop.wait(decision.next_interval_s)
+
+    # -- one tick ----------------------------------------------------------------------------
+
+    def read(self) -> Reading:
+        """Read the tree (known PIDs, or a full scan when due), host memory and PSI."""
+        now = self.clock.monotonic()
+        if self.read_pids is None or now - self._last_scan_s >= self.rescan_s or not self.tree:
+            raw = self.server.tree()
+            self._last_scan_s = now
+        else:
+            raw = self.read_pids([p.pid for p in self.tree])
+        self.tree = self.tree_view(raw)
+        charged = sum(p.charged_bytes for p in self.tree)
+        try:
+            host = self.read_host(self.tree)
+            available = host.usable_bytes
+        except HostReadError as exc:
+            if not self._host_error_logged:
+                log.error("watchdog_degraded", reason=f"host memory unreadable: {exc}")
+                self._host_error_logged = True
+            available = self.history[-1].available_bytes if self.history else 1 << 62
+        psi = self.read_psi()
+        reading = Reading(
+            t_s=now,
+            available_bytes=available,
+            tree_charged_bytes=charged,
+            psi_some_avg10=psi.some_avg10 if psi else None,
+            psi_full_avg10=psi.full_avg10 if psi else None,
+        )
+        self.history.append(reading)
+        return reading
+
+    def tick(self) -> Decision:
+        """Read, decide, act once. Returns the decision (its next_interval_s paces the loop)."""
+        self.ticks += 1
+        self.read()
+        decision = self._decide()
+        if decision.verdict is Verdict.KILL:
+            # earlyoom's re-check: memory may have come back while we were deciding.
+            self.read()
+            recheck = self._decide()
+            if recheck.verdict is Verdict.KILL:
+                self._kill(recheck)
+                return recheck
+            log.info("memory_kill_averted", reason=decision.reason, now=recheck.reason)
+            decision = recheck
+        if decision.verdict is Verdict.TERMINATE and self.terminated_at_s is None:
+            self._terminate(decision)
+        elif decision.verdict is Verdict.WARN and self._last_verdict is not Verdict.WARN:
+            log.warning("memory_warn", reason=decision.reason, **self._numbers())
+        self._last_verdict = decision.verdict
+        now = self.history[-1].t_s
+        if now - self._last_report_s >= REPORT_INTERVAL_S:
+            self._last_report_s = now
+            log.info(
+                "memory_report", interval_s=round(decision.next_interval_s, 3), **self._numbers()
+            )
+        return decision
+
+    def _decide(self) -> Decision:
+        decision = decide(
+            list(self.history),
+            self.limits,
+            streak=self.streak,
+            terminated_at_s=self.terminated_at_s,
+        )
+        self.streak = decision.streak
+        self.last = decision
+        return decision
+
+    def _numbers(self) -> dict[str, int]:
+        r = self.history[-1]
+        return {"available_bytes": r.available_bytes, "tree_charged_bytes": r.tree_charged_bytes}
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def _kill(self, decision: Decision) -> None:
+        pidfds = [
+            fd
+            for fd in (reclaim.open_pidfd(p.pid) for p in self.tree if not p.is_zombie)
+            if fd is not None
+        ]
+        pids = self.server.kill_all("memory_kill", decision.reason)
+        self.killed_at_s = self.clock.monotonic()
+        reclaimed = reclaim.release_memory(pidfds)
+        log.error(
+            "server_killed",
+            cause="memory_kill",
+            reason=decision.reason,
+            pids=list(pids),
+            predicted=decision.predicted,
+            mrelease=reclaimed,
+            **self._numbers(),
+        )
+        self.incident = self._write_incident("memory_kill", decision)
+        if self.incident is not None and self.terminated_at_s is not None:
+            self.incident.record_next("escalated_from_terminate")
+        self.post(
+            WatchdogEvent(
+                kind="memory_kill",
+                reason=decision.reason,
+                at_s=self.killed_at_s,
+                pids=tuple(pids),
+                incident_path=str(self.incident.path) if self.incident else None,
+                predicted=decision.predicted,
+            )
+        )
+
+    def _terminate(self, decision: Decision) -> None:
+        self.server.signal_group(signal.SIGTERM)
+        self.terminated_at_s = self.clock.monotonic()
+        log.error(
+            "server_terminated",
+            cause="memory_terminate",
+            reason=decision.reason,
+            grace_s=self.limits.terminate_grace_s,
+            **self._numbers(),
+        )
+        self.incident = self._write_incident("memory_terminate", decision)
+        self.post(
+            WatchdogEvent(
+                kind="memory_terminate",
+                reason=decision.reason,
+                at_s=self.terminated_at_s,
+                pids=tuple(p.pid for p in self.tree),
+                incident_path=str(self.incident.path) if self.incident else None,
+            )
+        )
+
+    def _write_incident(self, kind: str, decision: Decision) -> Incident | None:
+        if self.state_dir is None:
+            return None
+        details = memory_report(
+            decision=decision,
+            limits=self.limits,
+            history=list(self.history)[-20:],
+            tree=self.tree,
+            gpus=self.gpu_snapshot() if self.gpu_snapshot is not None else None,
+            log_tail=self.server.tail(),
+            now_s=self.clock.monotonic(),
+        )
+        details["run_id"] = self.run_id
+        details["server_pid"] = self.server.pid
+        return Incident.create(self.state_dir, kind, decision.reason, details)
+
+    def _after_kill(self) -> None:
+        """Watch the killed tree disappear, for the incident's "what happened next"."""
+        if self.killed_at_s is None:
+            return
+        deadline = self.killed_at_s + GONE_WAIT_S
+        while not self._stop.is_set() and self.clock.monotonic() < deadline:
+            left = [p for p in self.server.tree() if not p.is_zombie]
+            if not left:
+                self.gone_at_s = self.clock.monotonic()
+                elapsed_ms = round((self.gone_at_s - self.killed_at_s) * 1000, 1)
+                log.info("server_tree_gone", after_ms=elapsed_ms)
+                if self.incident is not None:
+                    self.incident.record_next("tree_gone", after_ms=elapsed_ms)
+                return
+            self._stop.wait(0.01)
+        if self.incident is not None:
+            left_pids = [p.pid for p in self.server.tree()]
+            self.incident.record_next("tree_not_gone", after_s=GONE_WAIT_S, pids=left_pids)

@@ -1,0 +1,75 @@
+"""adapters.gpu_guard: NVML queries in a worker process, bounded by a deadline (simulated GPUs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from supervisor.adapters.gpu_guard import GuardedGpuSensor, _from_json, _to_json
+from supervisor.core.readings import GpuProcess, GpuState
+from supervisor.testing import gpu_state
+
+
+def test_reads_the_simulated_gpus_through_the_worker(make_gpu_state: Callable[..., Path]):
+    state = make_gpu_state(2)
+    guard = GuardedGpuSensor("sim", sim_state_dir=state, timeout_s=5.0)
+    try:
+        gpus = guard.read_gpus()
+        assert gpus is not None
+        assert [g.index for g in gpus] == [0, 1]
+        assert gpus[0].uuid == gpu_state.gpu_uuid(0)
+        snapshot = guard.last_snapshot()
+        assert snapshot is not None
+        assert snapshot[1] == gpus
+    finally:
+        guard.close()
+
+
+def test_a_hanging_nvml_call_answers_unknown_within_the_deadline_and_alerts(
+    make_gpu_state: Callable[..., Path],
+):
+    state = make_gpu_state(1)
+    alerts: list[str] = []
+    guard = GuardedGpuSensor(
+        "sim", sim_state_dir=state, timeout_s=0.5, retry_after_s=60.0, on_alert=alerts.append
+    )
+    try:
+        assert guard.read_gpus() is not None  # worker up and answering
+        gpu_state.set_nvml_hang(state, 30.0)
+        started = time.monotonic()
+        assert guard.read_gpus() is None
+        took = time.monotonic() - started
+        assert took < 10.0, f"a hung NVML call blocked the caller for {took:.1f} s"
+        assert guard.hangs == 1
+        assert alerts
+        assert "no answer" in alerts[0]
+        # Within the retry back-off no new worker is started: answer at once.
+        assert guard.read_gpus() is None
+        assert guard.hangs == 1
+    finally:
+        gpu_state.set_nvml_hang(state, None)
+        guard.close()
+
+
+def test_the_none_backend_watches_nothing():
+    guard = GuardedGpuSensor("none")
+    assert not guard.is_watching
+    assert guard.read_gpus() is None
+    guard.close()
+
+
+def test_snapshots_survive_the_json_round_trip():
+    gpus = (
+        GpuState(
+            index=3,
+            uuid="GPU-x",
+            name="H200",
+            total_bytes=10,
+            used_bytes=4,
+            numa_node=1,
+            processes=(GpuProcess(pid=7, used_bytes=None), GpuProcess(pid=8, used_bytes=2)),
+        ),
+    )
+    assert _from_json(_to_json(gpus)) == gpus
+    assert _from_json(_to_json(None)) is None

@@ -1,0 +1,215 @@
+"""watchdog.MemoryWatchdog ticks driven by a scripted server tree and host (no processes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from supervisor.core.policy import Level, Limits
+from supervisor.core.readings import HostMemory, ProcessInfo
+from supervisor.watchdog import MemoryWatchdog, WatchdogEvent
+
+GB = 10**9
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeTree:
+    """A server whose ranks' memory the test sets; records signals and kills."""
+
+    def __init__(self, ranks: int = 4, shmem: int = 40 * GB, file_bytes: int = 0) -> None:
+        self.pid = 1000
+        self.ranks = {
+            1001 + i: {"anon": 2 * GB, "shmem": shmem, "file": file_bytes} for i in range(ranks)
+        }
+        self.killed: list[tuple[str, str]] = []
+        self.signals: list[int] = []
+        self.scans = 0
+
+    def info(self, pid: int) -> ProcessInfo:
+        mem = self.ranks[pid]
+        return ProcessInfo(
+            pid=pid,
+            ppid=self.pid,
+            pgid=self.pid,
+            state="S",
+            title=f"sglang::scheduler_TP{pid - 1001}",
+            rss_anon_bytes=mem["anon"],
+            rss_shmem_bytes=mem["shmem"],
+            rss_file_bytes=mem["file"],
+        )
+
+    def tree(self) -> tuple[ProcessInfo, ...]:
+        self.scans += 1
+        if self.killed:
+            return ()
+        return tuple(self.info(pid) for pid in self.ranks)
+
+    def read_pids(self, pids: Iterable[int]) -> tuple[ProcessInfo, ...]:
+        return () if self.killed else tuple(self.info(p) for p in pids if p in self.ranks)
+
+    def kill_all(self, kind: str = "stop", detail: str = "") -> tuple[int, ...]:
+        self.killed.append((kind, detail))
+        return tuple(self.ranks)
+
+    def signal_group(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def tail(self) -> tuple[str, ...]:
+        return ("loading", "server args: --api-key hunter2 --tp 4", "HF_TOKEN=abc123 set")
+
+    def charged(self) -> int:
+        return sum(m["anon"] + m["shmem"] for m in self.ranks.values())
+
+
+class SimHost:
+    """MemAvailable = total − other use − the tree's charge (what the demo does too)."""
+
+    def __init__(self, total: int = 449 * GB, other: int = 20 * GB) -> None:
+        self.total = total
+        self.other = other
+
+    def __call__(self, tree: Sequence[ProcessInfo]) -> HostMemory:
+        used = self.other + sum(p.charged_bytes for p in tree)
+        return HostMemory(total_bytes=self.total, available_bytes=self.total - used)
+
+
+LIMITS = Limits(
+    warn=Level(bytes_=8 * GB),
+    terminate=Level(bytes_=4 * GB),
+    kill=Level(bytes_=2 * GB),
+    tree_budget_bytes=170 * GB,
+    tree_kill_bytes=200 * GB,
+    psi_full_warn_percent=None,
+)
+
+
+def make(tree: FakeTree, tmp_path: Path | None, limits: Limits = LIMITS, host=None):
+    events: list[WatchdogEvent] = []
+    clock = FakeClock()
+    dog = MemoryWatchdog(
+        tree,
+        limits,
+        post=events.append,
+        read_host=host or SimHost(),
+        read_pids=tree.read_pids,
+        read_psi=lambda: None,
+        state_dir=tmp_path,
+        run_id="run-1",
+        clock=clock,
+    )
+    return dog, events, clock
+
+
+def run_ticks(dog: MemoryWatchdog, clock: FakeClock, tree: FakeTree, leak_bytes_per_s: float):
+    """Tick at the watchdog's own pace while rank 0 leaks; returns the peak charge seen."""
+    peak = tree.charged()
+    for _ in range(10_000):
+        decision = dog.tick()
+        if tree.killed:
+            return peak
+        clock.now += decision.next_interval_s
+        tree.ranks[1001]["anon"] += int(leak_bytes_per_s * decision.next_interval_s)
+        peak = max(peak, tree.charged())
+    raise AssertionError("the watchdog never killed the leaking tree")
+
+
+def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(tmp_path: Path):
+    tree = FakeTree()
+    dog, events, clock = make(tree, tmp_path)
+    peak = run_ticks(dog, clock, tree, leak_bytes_per_s=2 * GB)
+    assert tree.killed
+    assert tree.killed[0][0] == "memory_kill"
+    assert peak < LIMITS.tree_kill_bytes
+    assert [e.kind for e in events] == ["memory_kill"]
+    assert events[0].pids == (1001, 1002, 1003, 1004)
+
+
+def test_the_incident_file_explains_the_kill_and_hides_secrets(tmp_path: Path):
+    tree = FakeTree()
+    dog, events, clock = make(tree, tmp_path)
+    run_ticks(dog, clock, tree, leak_bytes_per_s=2 * GB)
+    path = Path(events[0].incident_path or "")
+    assert path.parent == tmp_path
+    data = json.loads(path.read_text())
+    assert data["kind"] == "memory_kill"
+    assert data["decision"]["verdict"] == "kill"
+    assert "budget plus margin" in data["decision"]["reason"]
+    assert data["thresholds"]["tree_kill_bytes"] == 200 * GB
+    assert len(data["ticks"]) >= 2
+    assert data["decision"]["tree_growth_bytes_per_s"] > 0
+    assert data["top_processes"][0]["pid"] == 1001  # the leaking rank first
+    assert data["meminfo"]  # the real /proc/meminfo of this box
+    assert "gpu_snapshot" in data
+    text = path.read_text()
+    assert "hunter2" not in text
+    assert "abc123" not in text
+    assert data["server_log_tail"][1].endswith("--api-key *** --tp 4")
+    assert data["run_id"] == "run-1"
+
+
+def test_mmapped_file_pages_never_trigger_anything(tmp_path: Path):
+    # 300 GB of RssFile per rank (mmapped weights): reclaimable, counted as available by the host.
+    tree = FakeTree(file_bytes=300 * GB)
+    dog, events, clock = make(tree, tmp_path)
+    for _ in range(50):
+        decision = dog.tick()
+        clock.now += decision.next_interval_s
+    assert not tree.killed
+    assert not tree.signals
+    assert events == []
+
+
+def test_host_memory_below_terminate_sends_sigterm_once_then_kills_after_the_grace(tmp_path: Path):
+    tree = FakeTree()
+    # 449 − 20 − 168 = 261 GB available; a 258 GB foreign hog leaves 3 GB: below terminate.
+    dog, events, clock = make(tree, tmp_path, host=SimHost(other=278 * GB))
+    dog.tick()
+    clock.now += 1.0
+    dog.tick()
+    assert tree.signals == [15]
+    assert [e.kind for e in events] == ["memory_terminate"]
+    clock.now += LIMITS.terminate_grace_s
+    dog.tick()
+    assert tree.killed
+    assert "grace" in tree.killed[0][1]
+    assert [e.kind for e in events] == ["memory_terminate", "memory_kill"]
+
+
+def test_the_kill_is_skipped_when_memory_recovers_before_the_signal(tmp_path: Path):
+    tree = FakeTree()
+    reads = {"n": 0}
+
+    def host(t: Sequence[ProcessInfo]) -> HostMemory:
+        reads["n"] += 1
+        # First read: 1 GB left (kill); the re-read right before the kill: 100 GB again.
+        return HostMemory(total_bytes=449 * GB, available_bytes=GB if reads["n"] == 1 else 100 * GB)
+
+    dog, events, _clock = make(tree, tmp_path, host=host)
+    decision = dog.tick()
+    assert reads["n"] == 2
+    assert decision.verdict.value == "ok"
+    assert not tree.killed
+    assert events == []
+
+
+def test_known_pids_are_read_between_full_scans(tmp_path: Path):
+    tree = FakeTree()
+    dog, _events, clock = make(tree, tmp_path)
+    for _ in range(5):
+        dog.tick()
+        clock.now += 0.1
+    assert tree.scans == 1
+    clock.now += 1.0
+    dog.tick()
+    assert tree.scans == 2
