@@ -1,0 +1,54 @@
+"""adapters.gpu_reset: the reset command template, run without a shell, with a timeout."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from supervisor.adapters.gpu_reset import CommandGpuResetter, check_reset_command, reset_argv
+
+
+def test_index_and_uuid_are_filled_into_each_word_without_a_shell():
+    argv = reset_argv("nvidia-smi --gpu-reset -i {index} --note '{uuid}; rm -rf /'", 3, "GPU-a")
+    assert argv == ["nvidia-smi", "--gpu-reset", "-i", "3", "--note", "GPU-a; rm -rf /"]
+
+
+def test_a_successful_command_is_ok_and_its_output_kept():
+    template = (
+        f"{sys.executable} -c 'import sys; print(\"reset\", sys.argv[1:])' {{index}} {{uuid}}"
+    )
+    outcome = CommandGpuResetter(template, timeout_s=30).reset(2, "GPU-x")
+    assert outcome.ok
+    assert "reset ['2', 'GPU-x']" in outcome.detail
+
+
+def test_a_failing_command_reports_its_exit_status_and_output():
+    template = f"{sys.executable} -c 'import sys; print(\"in use\"); sys.exit(3)'"
+    outcome = CommandGpuResetter(template, timeout_s=30).reset(0, "GPU-0")
+    assert not outcome.ok
+    assert "exited 3" in outcome.detail
+    assert "in use" in outcome.detail
+
+
+def test_a_hanging_command_times_out():
+    template = f"{sys.executable} -c 'import time; time.sleep(30)'"
+    outcome = CommandGpuResetter(template, timeout_s=0.3).reset(0, "GPU-0")
+    assert not outcome.ok
+    assert "timed out" in outcome.detail
+
+
+def test_a_missing_program_is_a_failed_outcome_not_an_exception(tmp_path: Path):
+    outcome = CommandGpuResetter(str(tmp_path / "nope") + " {index}").reset(0, "GPU-0")
+    assert not outcome.ok
+
+
+def test_check_reset_command_names_missing_and_non_executable_programs(tmp_path: Path):
+    script = tmp_path / "reset.sh"
+    script.write_text("#!/bin/sh\n")
+    assert "is not executable" in (check_reset_command(f"{script} {{index}}") or "")
+    script.chmod(0o755)
+    assert check_reset_command(f"{script} {{index}}") is None
+    assert "does not exist" in (check_reset_command(f"{tmp_path}/missing") or "")
+    assert "not found on PATH" in (check_reset_command("no-such-reset-tool-xyz -i {index}") or "")
+    assert check_reset_command("") is None
+    assert check_reset_command(f"{sys.executable} -m supervisor.testing.fake_gpu_reset") is None
