@@ -14,13 +14,13 @@ import collections
 import dataclasses
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import structlog
 
 from supervisor.adapters import reclaim
-from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.host import HostProbe, HostReadError
 from supervisor.adapters.psi import MemoryPressure, read_memory_pressure
 from supervisor.core.policy import Decision, Limits, Reading, Verdict, decide
@@ -70,6 +70,14 @@ def system_host_source(server_pid: int, probe: HostProbe | None = None) -> HostS
     return read
 
 
+class _MonotonicClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+
 class MemoryWatchdog:
     """One watchdog per launched server; `start()` after launch, `stop()` before the next."""
 
@@ -99,7 +107,7 @@ class MemoryWatchdog:
         self.gpu_snapshot = gpu_snapshot
         self.state_dir = state_dir
         self.run_id = run_id
-        self.clock: Clock = clock or SystemClock()
+        self.clock: Clock = clock or _MonotonicClock()
         self.rescan_s = rescan_s
         self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
         self.tree: tuple[ProcessInfo, ...] = ()
