@@ -1,0 +1,97 @@
+"""Probe SGLang's health endpoint over HTTP: refused = loading, 503 = warming, 200 = ready."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import requests
+
+from supervisor.core.lifecycle import HealthStatus
+
+# SGLang's /health runs a one-token generation with a 20 s limit (SGLANG_HEALTH_CHECK_TIMEOUT,
+# sglang.md §4), so the probe's own timeout must be longer: 25 s by default.
+DEFAULT_TIMEOUT_S = 25.0
+
+
+def probe_host(host: str) -> str:
+    """Where to connect for a server bound to `host` (a wildcard is reached over loopback)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def health_url(host: str, port: int, path: str) -> str:
+    target = probe_host(host)
+    if ":" in target and not target.startswith("["):
+        target = f"[{target}]"
+    return f"http://{target}:{port}{path}"
+
+
+class HttpHealthProbe:
+    """One GET per check, a fresh connection each time (no stale keep-alive after a restart)."""
+
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+
+    def check(self) -> HealthStatus:
+        try:
+            response = requests.get(
+                self.url, timeout=self.timeout_s, headers={"Connection": "close"}
+            )
+        except requests.exceptions.Timeout:  # connect or read timeout
+            return HealthStatus.TIMEOUT
+        except requests.exceptions.ConnectionError as exc:
+            return HealthStatus.REFUSED if _is_refused(exc) else HealthStatus.ERROR
+        except requests.exceptions.RequestException:
+            return HealthStatus.ERROR
+        if response.status_code == 200:
+            return HealthStatus.READY
+        if response.status_code == 503:
+            return HealthStatus.WARMING
+        return HealthStatus.ERROR
+
+
+def _is_refused(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        if isinstance(current, OSError) and current.errno == errno.ECONNREFUSED:
+            return True
+        if "Connection refused" in str(current):
+            return True
+        current = current.__cause__ or current.__context__ or _first_arg_exception(current)
+    return False
+
+
+def _first_arg_exception(exc: BaseException) -> BaseException | None:
+    for arg in getattr(exc, "args", ()):
+        if isinstance(arg, BaseException):
+            return arg
+        reason = getattr(arg, "reason", None)
+        if isinstance(reason, BaseException):
+            return reason
+    return None
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether host:port is already bound by someone (checked before a long model load).
+
+    A bind test, as the server will do: SO_REUSEADDR like uvicorn, so a port in TIME_WAIT after
+    our own previous run counts as free.
+    """
+    bind_host = "" if host in ("0.0.0.0", "") else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((bind_host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False

@@ -1,0 +1,234 @@
+"""Read server process trees from /proc: ProcessInfo values (state, Rss*, threads, title).
+
+The root is injectable so tests point it at a fake tree (earlyoom's `procdir_path`). Every read
+tolerates a PID that vanished between listing and reading: it is simply left out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor.core.readings import ProcessInfo
+from supervisor.core.units import KiB
+
+# Set in the server's environment; inherited by every descendant, setsid or double-forked ones
+# included, so escapees of the process group are still recognised as ours.
+INSTANCE_ENV = "SGLANG_SUPERVISOR_INSTANCE"
+RUN_ENV = "SGLANG_SUPERVISOR_RUN_ID"
+
+
+@dataclass(frozen=True, slots=True)
+class _Stat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    start_ticks: int
+
+
+class ProcReader:
+    """Reads /proc (or a fake root)."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.root = proc_root
+
+    # -- single processes ---------------------------------------------------------------
+
+    def pids(self) -> list[int]:
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        return [int(n) for n in names if n.isdigit()]
+
+    def _stat(self, pid: int) -> _Stat | None:
+        try:
+            text = (self.root / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        # comm may contain spaces and parentheses: it ends at the last ")".
+        open_at, close_at = text.find("("), text.rfind(")")
+        if open_at < 0 or close_at < open_at:
+            return None
+        fields = text[close_at + 2 :].split()
+        try:
+            return _Stat(
+                pid=pid,
+                comm=text[open_at + 1 : close_at],
+                state=fields[0],
+                ppid=int(fields[1]),
+                pgid=int(fields[2]),
+                start_ticks=int(fields[19]),
+            )
+        except (IndexError, ValueError):
+            return None
+
+    def start_ticks(self, pid: int) -> int | None:
+        """Start time in clock ticks since boot: with the PID, identifies a process (no reuse)."""
+        stat = self._stat(pid)
+        return stat.start_ticks if stat else None
+
+    def title(self, pid: int) -> str:
+        """The command line as ps shows it; the comm for zombies and kernel threads."""
+        try:
+            raw = (self.root / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            raw = b""
+        title = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", errors="replace")
+        if title:
+            return title
+        stat = self._stat(pid)
+        return stat.comm if stat else ""
+
+    def environ_has(self, pid: int, name: str, value: str | None = None) -> bool:
+        """Whether the process environment sets `name` (to `value` when given)."""
+        try:
+            raw = (self.root / str(pid) / "environ").read_bytes()
+        except OSError:
+            return False
+        prefix = f"{name}=".encode()
+        for entry in raw.split(b"\0"):
+            if entry.startswith(prefix):
+                return value is None or entry[len(prefix) :].decode(errors="replace") == value
+        return False
+
+    def read_process(self, pid: int) -> ProcessInfo | None:
+        """One process, or None when it is gone (or unreadable)."""
+        stat = self._stat(pid)
+        if stat is None:
+            return None
+        return self._info(stat)
+
+    def _info(self, stat: _Stat) -> ProcessInfo | None:
+        fields: dict[str, str] = {}
+        try:
+            text = (self.root / str(stat.pid) / "status").read_text(
+                encoding="utf-8", errors="replace"
+            )
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        return ProcessInfo(
+            pid=stat.pid,
+            ppid=stat.ppid,
+            pgid=stat.pgid,
+            state=stat.state,
+            title=self.title(stat.pid),
+            rss_anon_bytes=_kib(fields.get("RssAnon")),
+            rss_shmem_bytes=_kib(fields.get("RssShmem")),
+            rss_file_bytes=_kib(fields.get("RssFile")),
+            threads=_int(fields.get("Threads"), default=1),
+        )
+
+    # -- trees ----------------------------------------------------------------------------
+
+    def _all_stats(self) -> list[_Stat]:
+        return [s for s in (self._stat(pid) for pid in self.pids()) if s is not None]
+
+    def server_tree(
+        self,
+        *,
+        server_pid: int,
+        pgid: int,
+        subreaper_pid: int,
+        run_id: str | None = None,
+        known_pids: Iterable[int] = (),
+    ) -> tuple[ProcessInfo, ...]:
+        """Every process of the server: its process group, its descendants, and escapees.
+
+        Escapees (setsid or double-forked) are reparented to the supervisor, a child subreaper:
+        a child of `subreaper_pid` other than the server counts when it carries the run's
+        environment marker or was seen in the tree before (`known_pids`, e.g. a zombie whose
+        environment can no longer be read). The supervisor itself is never included.
+        """
+        stats = self._all_stats()
+        children: dict[int, list[int]] = {}
+        for s in stats:
+            children.setdefault(s.ppid, []).append(s.pid)
+        by_pid = {s.pid: s for s in stats}
+        known = set(known_pids)
+        roots = {server_pid} | {s.pid for s in stats if s.pgid == pgid}
+        for child in children.get(subreaper_pid, []):
+            if child in roots:
+                continue
+            if child in known or (run_id is not None and self.environ_has(child, RUN_ENV, run_id)):
+                roots.add(child)
+        members = set(_descendants(roots, children))
+        members.discard(subreaper_pid)
+        infos = (self._info(by_pid[pid]) for pid in sorted(members) if pid in by_pid)
+        return tuple(i for i in infos if i is not None)
+
+    def find_leftovers(
+        self,
+        *,
+        instance: str,
+        recorded: Iterable[tuple[int, int]] = (),
+        exclude: Iterable[int] = (),
+    ) -> tuple[ProcessInfo, ...]:
+        """Processes of an earlier run of this instance: recorded (pid, start_ticks) pairs that
+        still match, and any process whose environment carries the instance marker.
+
+        SGLang-titled processes without either sign may belong to another instance on other
+        GPUs; callers match those against the target GPUs' NVML process lists themselves.
+        """
+        skip = set(exclude) | {os.getpid()}
+        found: dict[int, ProcessInfo] = {}
+        wanted = dict(recorded)
+        for stat in self._all_stats():
+            if stat.pid in skip:
+                continue
+            mine = wanted.get(stat.pid) == stat.start_ticks or self.environ_has(
+                stat.pid, INSTANCE_ENV, instance
+            )
+            if mine and (info := self._info(stat)) is not None:
+                found[stat.pid] = info
+        return tuple(found[pid] for pid in sorted(found))
+
+    def processes(self, pids: Iterable[int]) -> tuple[ProcessInfo, ...]:
+        """The given PIDs that still exist."""
+        infos = (self.read_process(pid) for pid in pids)
+        return tuple(i for i in infos if i is not None)
+
+    def oom_kill_count(self) -> int | None:
+        """The kernel's OOM-kill counter (/proc/vmstat `oom_kill`, Linux >= 4.13)."""
+        try:
+            text = (self.root / "vmstat").read_text(encoding="utf-8")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return _int(value, default=0)
+        return None
+
+
+def _descendants(roots: Iterable[int], children: dict[int, list[int]]) -> Iterator[int]:
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        yield pid
+        stack.extend(children.get(pid, ()))
+
+
+def _kib(value: str | None) -> int:
+    if not value:
+        return 0
+    number = value.split()[0]
+    return int(number) * KiB if number.isdigit() else 0
+
+
+def _int(value: str | None, *, default: int) -> int:
+    try:
+        return int((value or "").split()[0])
+    except (IndexError, ValueError):
+        return default

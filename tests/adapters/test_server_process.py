@@ -1,0 +1,90 @@
+"""The server process adapter with real processes: own session, raised oom_score_adj, output
+pump (tail, redaction, never blocking), and kill_all reaching escapees of the group."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+from supervisor.adapters.procfs import RUN_ENV
+from supervisor.adapters.server_process import OutputPump, ServerProcess
+from tests.waiting import wait_until
+
+SERVER = r"""
+import os, subprocess, sys, time
+print("starting with key sk-test-secret-1", flush=True)
+sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+subprocess.Popen(sleeper)                           # same process group
+subprocess.Popen(sleeper, start_new_session=True)   # escapes the group (setsid)
+print("children started", flush=True)
+time.sleep(30)
+"""
+
+
+def test_kill_all_takes_the_group_and_the_setsid_escapee(tmp_path: Path):
+    lines: list[str] = []
+    env = {**os.environ, RUN_ENV: "run-test"}
+    server = ServerProcess.start(
+        [sys.executable, "-c", SERVER],
+        env,
+        run_id="run-test",
+        sink=lines.append,
+        redact=lambda line: line.replace("sk-test-secret-1", "***"),
+        oom_score_adj=500,
+    )
+    try:
+        assert os.getpgid(server.pid) == server.pid  # its own session and group
+        wait_until(lambda: server.output_lines >= 2, timeout_s=20, what="server output")
+        tree = wait_until(
+            lambda: t if len(t := server.tree()) == 3 else None,
+            timeout_s=20,
+            what="3 processes in the tree",
+        )
+        assert tree is not None
+        pgids = {p.pgid for p in tree}
+        assert len(pgids) == 2  # one escaped the group
+        for p in tree:
+            assert Path(f"/proc/{p.pid}/oom_score_adj").read_text().strip() == "500"
+        assert server.tail()[0] == "starting with key ***"
+        wait_until(lambda: len(lines) >= 2, timeout_s=5, what="lines forwarded to the sink")
+        assert "sk-test-secret-1" not in "".join(lines)
+
+        escapee = next(p.pid for p in tree if p.pgid != server.pgid)
+        signalled = server.kill_all("rank_crash", "test")
+        assert escapee in signalled
+        wait_until(lambda: not server.remaining(), timeout_s=10, what="tree gone")
+        status = wait_until(server.poll, timeout_s=5, what="exit status")
+        assert status is not None
+        assert status.signal_number == 9
+        assert server.kill_reason is not None
+        assert server.kill_reason.kind == "rank_crash"
+        # The first reason wins: a later stop does not overwrite why it was killed.
+        assert server.record_kill_reason("stop").kind == "rank_crash"
+    finally:
+        server.kill_all()
+        server.pump.join(5)
+        server.close()
+
+
+def test_the_pump_keeps_the_tail_and_drops_instead_of_blocking():
+    read_fd, write_fd = os.pipe()
+    release = threading.Event()
+
+    def slow_sink(_line: str) -> None:
+        release.wait(10)  # a stuck journald
+
+    pump = OutputPump(
+        os.fdopen(read_fd, "rb"), slow_sink, redact=str.upper, tail_lines=3, queue_lines=2
+    )
+    pump.start()
+    with os.fdopen(write_fd, "wb") as writer:
+        for i in range(50):
+            writer.write(f"line {i}\n".encode())
+    # The writer was never blocked: all 50 lines were read although the sink took none.
+    wait_until(lambda: pump.lines == 50, timeout_s=10, what="all lines read")
+    assert pump.tail() == ("LINE 47", "LINE 48", "LINE 49")
+    assert pump.dropped >= 50 - 2 - 1
+    release.set()
+    pump.join(5)

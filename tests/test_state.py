@@ -1,0 +1,86 @@
+"""The run state file: atomic writes, round trip, corrupt file kept aside, thread-safe update."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import pytest
+from structlog.testing import capture_logs
+
+from supervisor.errors import ConfigError
+from supervisor.state import ProcessRef, RunState, StateStore
+
+
+def test_missing_file_is_a_fresh_state_and_a_saved_state_round_trips(tmp_path):
+    store = StateStore(tmp_path / "inst")
+    store.ensure_writable()
+    assert store.load() == RunState()
+    state = RunState(
+        instance="inst",
+        run_id="abc",
+        restart_count=2,
+        last_failure="rank_crash",
+        server_pids=(ProcessRef(pid=10, start_ticks=99, title="sglang::scheduler_TP0"),),
+        gpu_indices=(0, 1),
+        hicache_size_override_gb=72,
+        override_reason="memory_kill at 3 GB headroom",
+    )
+    store.save(state)
+    loaded = store.load()
+    assert dataclasses.replace(loaded, updated_at=None) == state
+    assert loaded.updated_at is not None
+    assert json.loads(store.path.read_text())["version"] == 1
+    assert [p.name for p in store.dir.iterdir()] == ["state.json"]  # no temp files left
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[1, 2]",
+        '{"server_pids": [{"pid": "x"}]}',
+        '{"hicache_size_override_gb": -3}',
+        '{"restart_count": 1, "bogus_field_from_the_future": 1, "gpu_indices": ["a"]}',
+    ],
+)
+def test_a_corrupt_file_is_kept_aside_and_a_fresh_state_used_with_a_warning(tmp_path, text):
+    store = StateStore(tmp_path)
+    store.path.write_text(text)
+    with capture_logs() as logs:
+        assert store.load() == RunState()
+    kept = list(tmp_path.glob("state.json.corrupt-*"))
+    assert len(kept) == 1
+    assert kept[0].read_text() == text
+    assert not store.path.exists()
+    assert logs[0]["event"] == "state_corrupt"
+    assert logs[0]["log_level"] == "warning"
+
+
+def test_unknown_fields_from_a_newer_version_are_ignored(tmp_path):
+    store = StateStore(tmp_path)
+    store.path.write_text('{"restart_count": 3, "added_later": true}')
+    assert store.load().restart_count == 3
+
+
+def test_concurrent_updates_are_not_lost(tmp_path):
+    store = StateStore(tmp_path)
+
+    def bump() -> None:
+        for _ in range(20):
+            store.update(lambda s: dataclasses.replace(s, restart_count=s.restart_count + 1))
+
+    threads = [threading.Thread(target=bump) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.load().restart_count == 60
+
+
+def test_an_unwritable_state_dir_is_a_config_error_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"state directory .*file/x is not writable"):
+        StateStore(blocker / "x").ensure_writable()
