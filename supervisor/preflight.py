@@ -16,12 +16,12 @@ from supervisor.adapters.model_config import ModelInfo, load_model_config
 from supervisor.adapters.sglang_version import installed_sglang_version, interpreter_for
 from supervisor.config import SupervisorConfig
 from supervisor.core import fit, model_geometry
+from supervisor.core.assess import assess_host
 from supervisor.core.checks import (
     Check,
     FitReport,
     SglangRules,
     Status,
-    Term,
     check_gpu_holders,
     check_hugepages,
     check_memlock,
@@ -31,7 +31,7 @@ from supervisor.core.checks import (
 from supervisor.core.readings import GpuState
 from supervisor.core.sglang_args import ArgvError, LaunchPlan, parse_launch_args, redact_argv
 from supervisor.core.sglang_args import with_flag_value as _with_flag_value
-from supervisor.core.units import GB, format_gb, parse_size
+from supervisor.core.units import GB, parse_size
 from supervisor.errors import ConfigError
 from supervisor.ports import GpuSensor
 
@@ -212,11 +212,20 @@ def _local_checks(
     checks.append(check_shm(probe.read_shm_bytes()))
     page_env = env.get("SGLANG_HUGEPAGE_SIZE")
     if page_env:
-        wanted = parse_size(page_env.replace("MB", "MiB").replace("GB", "GiB"))
-        free = [h.free_bytes for h in probe.read_hugepages() if h.page_bytes == wanted]
-        hp = check_hugepages(page_env, free[0] if free else None, pools_bytes)
-        if hp is not None:
-            checks.append(hp)
+        try:
+            # SGLang spells the sizes 2MB and 1GB and means binary units.
+            wanted = parse_size(page_env.upper().replace("MB", "MiB").replace("GB", "GiB"))
+        except ValueError:
+            checks.append(
+                Check(
+                    "hugepages", Status.FAIL, f"SGLANG_HUGEPAGE_SIZE={page_env!r}: use 2MB or 1GB"
+                )
+            )
+        else:
+            free = [h.free_bytes for h in probe.read_hugepages() if h.page_bytes == wanted]
+            hp = check_hugepages(page_env, free[0] if free else None, pools_bytes)
+            if hp is not None:
+                checks.append(hp)
     return checks
 
 
@@ -322,118 +331,18 @@ def run_preflight(
     numa, numa_checks = _numa_loads(config, plan, gpus, probe, planning)
     checks.extend(numa_checks)
 
-    mode = plan.hicache_mode if plan.uses_hicache else "off"
-    ratio: float | None = None
-    auto_ratio: float | None = None
-    if mode == "ratio":
-        ratio = plan.hicache_ratio
-    elif mode == "auto":
-        ratio = fit.default_hicache_ratio(plan)
-        if rules.auto_sizing and device_tokens:
-            auto_ratio = fit.estimate_auto_ratio(
-                usable_bytes=usable,
-                ranks_per_host=plan.tp_size * plan.pp_size // plan.nnodes,
-                host_memory_fraction=plan.hicache_host_memory_fraction,
-                device_tokens=device_tokens,
-                bytes_per_token=bpt + idx,
-            )
-            ratio = max(0.0, auto_ratio)
-    pool_tokens: int | None
-    pool_bytes: int | None
-    try:
-        pool_tokens = fit.host_pool_tokens(plan, bpt, device_tokens, auto_ratio=ratio)
-        pool_bytes = pool_tokens * (bpt + idx)
-    except fit.DeviceTokensUnknown as exc:
-        pool_tokens = pool_bytes = None
-        checks.append(Check("host_pool", Status.FAIL, f"cannot size the host pool: {exc}"))
-    if auto_ratio is not None and auto_ratio <= 0:
-        checks.append(
-            Check(
-                "host_pool",
-                Status.FAIL,
-                "SGLang's HiCache auto-sizing will refuse: no host memory is left for HiCache "
-                "after the 10 GiB reserve",
-            )
-        )
-
-    terms = [
-        Term(
-            label="usable (MemAvailable" + (", cgroup)" if cgroup is not None else ")"),
-            bytes=usable,
-        ),
-        Term(label="reserve", bytes=-pre.reserve_bytes),
-        Term(label="main process + detokenizer", bytes=-pre.main_overhead_bytes),
-        Term(
-            label=f"runtime per rank × {local_ranks}",
-            bytes=-pre.per_rank_overhead_bytes * local_ranks,
-        ),
-    ]
-    if budget.cpu_offload_bytes_per_rank:
-        terms.append(
-            Term(
-                label=f"--cpu-offload-gb × {local_ranks}",
-                bytes=-budget.cpu_offload_bytes_per_rank * local_ranks,
-            )
-        )
-    required = None
-    if pool_bytes is not None:
-        pools_total = pool_bytes * local_ranks
-        if load_transient > pools_total:
-            terms.append(Term(label="weight-load buffers (no mmap)", bytes=-load_transient))
-        else:
-            terms.append(
-                Term(
-                    label=f"host KV pool {format_gb(pool_bytes)} × {local_ranks}",
-                    bytes=-pools_total,
-                )
-            )
-        required = fit.required_host_bytes(pool_bytes, local_ranks, budget)
-        if required <= budget.budget_bytes:
-            checks.append(
-                Check(
-                    "host_memory",
-                    Status.OK,
-                    f"needs {format_gb(required)} of {format_gb(budget.budget_bytes)} budget",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "host_memory",
-                    Status.FAIL,
-                    f"needs {format_gb(required)}, budget is {format_gb(budget.budget_bytes)} "
-                    f"({local_ranks} ranks × {format_gb(pool_bytes)} host pool each)",
-                )
-            )
-        for node in numa:
-            need = fit.numa_required_bytes(pool_bytes, node, budget)
-            ok = need <= node.available_bytes
-            checks.append(
-                Check(
-                    f"numa_node{node.node}",
-                    Status.OK if ok else Status.FAIL,
-                    f"{node.ranks} rank(s) need {format_gb(need)}, node has "
-                    f"{format_gb(node.available_bytes)} free",
-                )
-            )
-        if not rules.check_divides_by_ranks and required > budget.budget_bytes:
-            checks.append(
-                Check(
-                    "sglang_check",
-                    Status.WARN,
-                    f"SGLang {rules.version} checks each rank against the whole host and would "
-                    "not catch this before pinning",
-                )
-            )
-    if plan.weight_loader_disable_mmap:
-        checks.append(
-            Check(
-                "weight_loading",
-                Status.WARN,
-                f"--weight-loader-disable-mmap: every rank reads shards into anonymous memory, "
-                f"≈ {format_gb(load_transient)} across {local_ranks} ranks while loading",
-            )
-        )
+    host = assess_host(
+        plan=plan,
+        bytes_per_token=bpt,
+        indexer_bytes_per_token=idx,
+        device_tokens=device_tokens,
+        budget=budget,
+        numa=numa,
+        rules=rules,
+        cgroup_limited=cgroup is not None,
+    )
+    checks.extend(host.checks)
+    pool_bytes = host.pool_bytes
     if not planning:
         checks.extend(
             _local_checks(
@@ -441,15 +350,8 @@ def run_preflight(
             )
         )
 
-    safe = fit.max_hicache_size_gb(
-        bytes_per_token=bpt,
-        indexer_bytes_per_token=idx,
-        page_size=plan.effective_page_size,
-        local_ranks=local_ranks,
-        budget=budget,
-        numa=numa,
-    )
-    safe_tokens = fit.page_aligned_tokens(safe * GB // bpt, plan.effective_page_size) if safe else 0
+    safe = host.max_hicache_size_gb
+    safe_tokens = host.safe_host_tokens
     return FitReport(
         model=plan.model_path or model.path,
         attention=model_geometry.attention_kind(model.config),
@@ -462,13 +364,13 @@ def run_preflight(
         gpu_memory_bytes=gpus.total_bytes,
         mem_fraction_static=mem_fraction,
         device_tokens_per_rank=device_tokens,
-        hicache_mode=mode,
-        hicache_ratio=ratio,
-        host_pool_tokens_per_rank=pool_tokens,
+        hicache_mode=host.mode,
+        hicache_ratio=host.ratio,
+        host_pool_tokens_per_rank=host.pool_tokens,
         host_pool_bytes_per_rank=pool_bytes,
-        host_required_bytes=required,
+        host_required_bytes=host.required_bytes,
         host_budget_bytes=budget.budget_bytes,
-        terms=tuple(terms),
+        terms=host.terms,
         max_hicache_size_gb=safe,
         equivalent_ratio=(safe_tokens / device_tokens) if safe and device_tokens else None,
         safe_host_tokens_per_rank=safe_tokens,

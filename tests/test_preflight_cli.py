@@ -130,11 +130,50 @@ def test_ratio_mode_without_gpu_facts_reports_the_unknown_device_pool(capsys):
     assert data["max_hicache_size_gb"] > 0  # size mode needs no device pool
 
 
-def test_all_example_configs_load_and_answer(capsys):
-    for path in sorted((ROOT / "configs").glob("*.toml")):
-        code, data = run_json(capsys, "--config", str(path))
-        assert code in (0, 1), path
-        assert data["max_hicache_size_gb"] > 0, path
+EXAMPLES = (
+    "kimi-k2.5-8x-rtx-pro-6000.toml",
+    "deepseek-v3-8x-h200.toml",
+    "llama-3-70b-8x-h100.toml",
+    "qwen3-235b-a22b-8x-h200.toml",
+)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_the_preflight_examples_load_and_answer(capsys, name):
+    code, data = run_json(capsys, "--config", str(ROOT / "configs" / name))
+    assert code == (1 if name.startswith("kimi") else 0)
+    assert data["max_hicache_size_gb"] > 0
+
+
+def test_auto_mode_follows_the_sglang_version(capsys):
+    """Neither size nor ratio: older SGLang uses ratio 2.0, newer auto-sizes from host memory."""
+    facts = [*SEED_FACTS, "--mem-available", "200GB"]  # the last one given wins
+    _, old = run_json(capsys, *facts, "--sglang-version", "0.4.9", "--", *KIMI_ARGS)
+    _, new = run_json(capsys, *facts, "--sglang-version", "0.5.23", "--", *KIMI_ARGS)
+    assert old["hicache_mode"] == new["hicache_mode"] == "auto"
+    assert old["hicache_ratio"] == 2.0
+    assert 0 < new["hicache_ratio"] < 2.0
+    assert new["host_pool_bytes_per_rank"] < old["host_pool_bytes_per_rank"]
+
+
+def test_older_sglang_is_flagged_for_not_catching_the_overcommit(capsys):
+    args = [*KIMI_ARGS, "--hicache-size", "300"]
+    _, data = run_json(capsys, *SEED_FACTS, "--sglang-version", "0.4.9", "--", *args)
+    status = {c["name"]: c["status"] for c in data["checks"]}
+    assert status["sglang_check"] == "warn"
+
+
+def test_cpu_offload_and_disabled_mmap_enter_the_arithmetic(capsys):
+    args = [*KIMI_ARGS, "--hicache-size", "10", "--cpu-offload-gb", "5"]
+    args += ["--weight-loader-disable-mmap"]
+    _, data = run_json(capsys, *SEED_FACTS, "--", *args)
+    terms = {t["term"]: t["bytes"] for t in data["arithmetic"]}
+    assert terms["--cpu-offload-gb × 8"] == -8 * 5 * GB
+    # (8 loader threads + 2) × 5 GB shards × 8 ranks outweighs 8 × 10 GB of pools.
+    assert terms["weight-load buffers (no mmap)"] == -400 * GB
+    status = {c["name"]: c["status"] for c in data["checks"]}
+    assert status["weight_loading"] == "warn"
+    assert status["host_memory"] == "fail"
 
 
 # --- bad input: message and exit code 2 ----------------------------------------------------
@@ -321,6 +360,21 @@ def test_too_few_gpus_and_hugepages_shortfall(tmp_path):
     checks = {c.name: c.status.value for c in report.checks}
     assert checks["gpus"] == "fail"
     assert checks["hugepages"] == "fail"
+
+
+def test_unreadable_numa_meminfo_is_a_warning_and_a_bad_hugepage_size_is_named(tmp_path):
+    probe = fake_host(tmp_path)
+    node1 = probe.sys_root / "devices" / "system" / "node" / "node1" / "meminfo"
+    node1.write_text("nonsense\n")
+    env = {"SGLANG_HUGEPAGE_SIZE": "huge"}
+    args = [*KIMI_ARGS, "--hicache-size", "48"]
+    report = run_preflight(measured_config(), args, gpu_sensor=FakeGpus(None), probe=probe, env=env)
+    checks = {c.name: c for c in report.checks}
+    assert checks["numa"].status.value == "warn"
+    assert "unreadable" in checks["numa"].detail
+    assert checks["hugepages"].status.value == "fail"
+    assert "'huge'" in checks["hugepages"].detail
+    assert checks["gpus"].status.value == "warn"
 
 
 def test_preflight_never_imports_sglang_or_torch():
