@@ -377,6 +377,21 @@ def test_unreadable_numa_meminfo_is_a_warning_and_a_bad_hugepage_size_is_named(t
     assert checks["gpus"].status.value == "warn"
 
 
+def test_simulated_gpus_give_the_device_pool(capsys, tmp_path, monkeypatch):
+    from supervisor.testing.gpu_state import create_gpus
+
+    create_gpus(tmp_path / "gpus", 8, total_bytes=97887 * 1024 * 1024)
+    monkeypatch.setenv("FAKE_GPU_STATE_DIR", str(tmp_path / "gpus"))
+    facts = ["--mem-available", "445GB", "--weights", "595GB", "--model-config", str(KIMI)]
+    args = [*KIMI_ARGS, "--hicache-size", "48"]
+    code, data = run_json(capsys, *facts, "--gpu-backend", "sim", "--", *args)
+    assert code == 0
+    assert data["gpu_memory_bytes"] == 97887 * 1024 * 1024
+    assert data["device_tokens_per_rank"] > 100_000
+    gpus = next(c for c in data["checks"] if c["name"] == "gpus")
+    assert gpus["detail"] == "8 GPU(s) visible"
+
+
 def test_preflight_never_imports_sglang_or_torch():
     code = (
         "import sys\n"
