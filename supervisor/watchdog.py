@@ -111,6 +111,7 @@ class MemoryWatchdog:
         self.rescan_s = rescan_s
         self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
         self.tree: tuple[ProcessInfo, ...] = ()
+        self._pids: tuple[int, ...] = ()
         self.streak = 0
         self.terminated_at_s: float | None = None
         self.killed_at_s: float | None = None
@@ -159,11 +160,12 @@ class MemoryWatchdog:
     def read(self) -> Reading:
         """Read the tree (known PIDs, or a full scan when due), host memory and PSI."""
         now = self.clock.monotonic()
-        if self.read_pids is None or now - self._last_scan_s >= self.rescan_s or not self.tree:
+        if self.read_pids is None or now - self._last_scan_s >= self.rescan_s or not self._pids:
             raw = self.server.tree()
             self._last_scan_s = now
         else:
-            raw = self.read_pids([p.pid for p in self.tree])
+            raw = self.read_pids(self._pids)
+        self._pids = tuple(p.pid for p in raw)
         self.tree = self.tree_view(raw)
         charged = sum(p.charged_bytes for p in self.tree)
         try:
