@@ -75,7 +75,8 @@ class PreflightConfig:
     # Concurrent loader threads per rank; with --weight-loader-disable-mmap each rank holds about
     # (threads + 2) shards in anonymous memory while loading (sglang.md §5).
     load_threads: int = 8
-    # Largest safetensors shard; measured from the model directory when present (4-5 GB typical).
+    # Largest safetensors shard when the shards are not on this host (4-5 GB typical); the
+    # measured largest shard is used when they are.
     shard_bytes: int = 5 * GB
     # Checkpoint size when the shards are not on this host (planning another box); a value here
     # wins over the measured *.safetensors total.

@@ -65,14 +65,11 @@ def _resolve_relative(path: str | None, config_dir: Path | None) -> str | None:
     return str(candidate) if candidate.exists() else path
 
 
-def _open_sensor(backend: str) -> GpuSensor | None:
-    try:
-        # Lazy: NVML (or its simulation) loads only when GPU facts are not given.
-        from supervisor.adapters.nvml import open_gpu_sensor  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    sensor: GpuSensor = open_gpu_sensor(backend)
-    return sensor
+def _open_sensor(backend: str) -> GpuSensor:
+    # Lazy: NVML (or its simulation) loads only when the GPU facts are not given.
+    from supervisor.adapters.nvml import open_gpu_sensor
+
+    return open_gpu_sensor(backend)
 
 
 def _read_gpus(config: SupervisorConfig, plan: LaunchPlan, sensor: GpuSensor | None) -> _Gpus:
@@ -258,7 +255,8 @@ def run_preflight(
         raise ConfigError(f"model config {model.config_file}: {exc}") from None
     checks: list[Check] = [_model_check(model)]
     pre = config.preflight
-    planning = config.host.mem_available_bytes is not None
+    given_available = config.host.mem_available_bytes
+    planning = given_available is not None
     gpus = _read_gpus(config, plan, gpu_sensor)
     checks.extend(gpus.checks)
     rules = _rules(config)
@@ -299,9 +297,8 @@ def run_preflight(
         )
 
     # Host memory (sglang.md §1.6 budget, §5 overheads).
-    if planning:
-        assert config.host.mem_available_bytes is not None
-        available = config.host.mem_available_bytes
+    if given_available is not None:
+        available = given_available
         cgroup = config.host.cgroup_headroom_bytes
         checks.append(Check("host_facts", Status.OK, "host facts given (planning mode)"))
     else:
@@ -319,7 +316,8 @@ def run_preflight(
     local_ranks = plan.local_ranks
     load_transient = 0
     if plan.weight_loader_disable_mmap:
-        load_transient = (pre.load_threads + 2) * pre.shard_bytes * local_ranks
+        shard = model.largest_shard_bytes or pre.shard_bytes
+        load_transient = (pre.load_threads + 2) * shard * local_ranks
     budget = fit.HostBudget(
         usable_bytes=usable,
         reserve_bytes=pre.reserve_bytes,

@@ -24,6 +24,7 @@ class ModelInfo:
     config: dict[str, Any]  # language-model keys (text_config merged), quantization folded in
     config_file: str  # the config.json actually read
     weights_bytes: int | None  # total *.safetensors size; None when no shard is on this host
+    largest_shard_bytes: int | None = None  # the biggest *.safetensors file (load buffers)
     model_dir: str | None  # None: the model itself is not on this host (planning another box)
 
 
@@ -117,17 +118,15 @@ def _fold_hf_quant(config: dict[str, Any], hf_quant: Mapping[str, Any]) -> None:
     config["quantization_config"] = quant
 
 
-def safetensors_bytes(model_dir: Path) -> int | None:
-    """Total size of the `*.safetensors` shards (following HF cache symlinks); None if none."""
-    total = 0
-    found = False
+def safetensors_sizes(model_dir: Path) -> tuple[int, ...]:
+    """Sizes of the `*.safetensors` shards (following HF cache symlinks)."""
+    sizes: list[int] = []
     for shard in model_dir.glob("*.safetensors"):
         try:
-            total += shard.stat().st_size
+            sizes.append(shard.stat().st_size)
         except OSError:
             continue
-        found = True
-    return total if found else None
+    return tuple(sizes)
 
 
 def load_model_config(
@@ -163,11 +162,12 @@ def load_model_config(
         hf_quant_file = model_dir / "hf_quant_config.json"
     if hf_quant_file.exists():
         _fold_hf_quant(config, _read_json(hf_quant_file, "quantization config"))
-    weights = safetensors_bytes(model_dir) if model_dir is not None else None
+    shards = safetensors_sizes(model_dir) if model_dir is not None else ()
     return ModelInfo(
         path=str(model_dir if model_dir is not None else config_file),
         config=config,
         config_file=str(config_file),
-        weights_bytes=weights,
+        weights_bytes=sum(shards) if shards else None,
+        largest_shard_bytes=max(shards) if shards else None,
         model_dir=str(model_dir) if model_dir is not None else None,
     )

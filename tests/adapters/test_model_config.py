@@ -33,6 +33,7 @@ def test_local_directory_with_shards_gives_config_and_weight_size(tmp_path):
     info = load_model_config(str(d))
     assert info.config["num_key_value_heads"] == 8
     assert info.weights_bytes == 1024
+    assert info.largest_shard_bytes == 1000
     assert info.model_dir == str(d)
 
 
