@@ -1,0 +1,61 @@
+"""Helpers for watchdog end-to-end tests: the simulated server under a ServerProcess handle."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor.adapters.server_process import ServerProcess
+from supervisor.incident import redact_line
+from supervisor.watchdog import WatchdogEvent
+from tests.testing.support import fake_server_argv, fake_server_env, http_status
+from tests.waiting import wait_until
+
+
+@dataclass
+class Launched:
+    server: ServerProcess
+    port: int
+    lines: list[str]
+    events: queue.SimpleQueue[WatchdogEvent]
+
+    def ready(self) -> bool:
+        return http_status(self.server.pid and self.port, "/health", timeout_s=2.0) == 200
+
+    def live_tree(self) -> list[int]:
+        return [p.pid for p in self.server.tree() if not p.is_zombie]
+
+
+@contextlib.contextmanager
+def launched(
+    args: Sequence[str],
+    scenario: Mapping[str, Any] | None,
+    *,
+    port: int,
+    state_dir: Path | None,
+    bytes_per_gb: int = 16 * 1024,
+) -> Iterator[Launched]:
+    """Start the simulated server as the runner does (own session, output pumped); kill it all
+    at the end."""
+    lines: list[str] = []
+    env = fake_server_env(scenario, state_dir=state_dir, bytes_per_gb=bytes_per_gb)
+    server = ServerProcess.start(
+        fake_server_argv(["--model-path", "fake/model", "--port", str(port), *args]),
+        env,
+        run_id=uuid.uuid4().hex,
+        sink=lines.append,
+        redact=redact_line,
+    )
+    handle = Launched(server=server, port=port, lines=lines, events=queue.SimpleQueue())
+    try:
+        yield handle
+    finally:
+        server.kill_all("stop")
+        wait_until(lambda: not handle.live_tree(), timeout_s=10, what="server tree gone")
+        server.reap()
+        server.close()

@@ -1,0 +1,64 @@
+"""`sglang-supervisor reset-state`: the watchdog's override and restart history are forgotten."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import main
+from supervisor.state import ProcessRef, RunState, StateStore
+
+
+def run_cli(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    code = exit_info.value.code
+    return int(code) if isinstance(code, int) else 1
+
+
+def test_reset_state_clears_the_override_and_keeps_the_pids(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    store = StateStore(tmp_path)
+    store.ensure_writable()
+    store.save(
+        RunState(
+            instance="demo",
+            restart_count=3,
+            last_failure="memory_kill",
+            hicache_size_override_gb=30,
+            override_reason="memory kill: --hicache-size 40 -> 30 GB",
+            server_pids=(ProcessRef(pid=123, start_ticks=5, title="x"),),
+        )
+    )
+    assert run_cli(["reset-state", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "cleared --hicache-size override 30 GB" in out
+    after = store.load()
+    assert after.hicache_size_override_gb is None
+    assert after.override_reason is None
+    assert after.restart_count == 0
+    assert after.last_failure is None
+    assert after.server_pids == (ProcessRef(pid=123, start_ticks=5, title="x"),)
+
+
+def test_reset_state_finds_the_directory_through_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    config = tmp_path / "c.toml"
+    config.write_text(f'[run]\nstate_dir = "{tmp_path / "st"}"\n')
+    assert run_cli(["reset-state", "--config", str(config)]) == 0
+    assert "no --hicache-size override was set" in capsys.readouterr().out
+    assert (tmp_path / "st" / "state.json").is_file()
+
+
+def test_an_unwritable_state_directory_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert run_cli(["reset-state", "--state-dir", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "not writable" in err
+    assert "Traceback" not in err
