@@ -360,6 +360,7 @@ def run_preflight(
         indexer_bytes_per_token_per_rank=idx,
         weights_per_rank_bytes=weights_per_rank,
         gpu_memory_bytes=gpus.total_bytes,
+        gpu_free_bytes=gpus.free_bytes,
         mem_fraction_static=mem_fraction,
         device_tokens_per_rank=device_tokens,
         hicache_mode=host.mode,

@@ -152,6 +152,7 @@ class FitReport:
     indexer_bytes_per_token_per_rank: int
     weights_per_rank_bytes: int | None
     gpu_memory_bytes: int | None
+    gpu_free_bytes: int | None  # free before weights, CUDA context taken off (F in sglang.md §1.5)
     mem_fraction_static: float | None
     device_tokens_per_rank: int | None
     hicache_mode: str  # off | size | ratio | auto
@@ -194,6 +195,7 @@ class FitReport:
             "indexer_bytes_per_token_per_rank": self.indexer_bytes_per_token_per_rank,
             "weights_per_rank_bytes": self.weights_per_rank_bytes,
             "gpu_memory_bytes": self.gpu_memory_bytes,
+            "gpu_free_bytes": self.gpu_free_bytes,
             "mem_fraction_static": self.mem_fraction_static,
             "device_tokens_per_rank": self.device_tokens_per_rank,
             "hicache_mode": self.hicache_mode,
@@ -232,7 +234,7 @@ class FitReport:
         if self.device_tokens_per_rank is None:
             add("  device KV         unknown (no GPU memory read or given)")
         else:
-            gpu = format_gb(self.gpu_memory_bytes) if self.gpu_memory_bytes else "?"
+            gpu = format_gb(self.gpu_free_bytes) if self.gpu_free_bytes is not None else "?"
             weights = (
                 format_gb(self.weights_per_rank_bytes)
                 if self.weights_per_rank_bytes is not None
@@ -240,7 +242,8 @@ class FitReport:
             )
             add(
                 f"  device KV         {self.device_tokens_per_rank:,} tokens/rank "
-                f"(GPU {gpu} × {self.mem_fraction_static} − weights {weights}/rank)"
+                f"((GPU free {gpu} × {self.mem_fraction_static} − weights {weights}) "
+                f"/ {self.bytes_per_token_per_rank:,} B)"
             )
         mode = self.hicache_mode
         if mode == "off":

@@ -308,6 +308,7 @@ def test_report_verdict_is_no_fit_when_any_check_fails():
         indexer_bytes_per_token_per_rank=0,
         weights_per_rank_bytes=None,
         gpu_memory_bytes=None,
+        gpu_free_bytes=None,
         mem_fraction_static=None,
         device_tokens_per_rank=None,
         hicache_mode="size",
