@@ -1,0 +1,257 @@
+"""GPU release after a kill, against the simulated server and GPUs: delayed release, a stuck GPU
+reset by the (simulated) reset command, a failing reset, an orphan holder, NVML hanging."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from supervisor.adapters import reclaim
+from supervisor.adapters.gpu_guard import GuardedGpuSensor
+from supervisor.adapters.gpu_reset import CommandGpuResetter
+from supervisor.cleanup import (
+    ReleaseResult,
+    measure_baselines,
+    raise_if_unrecoverable,
+    wait_for_gpu_release,
+)
+from supervisor.core.policy import Level, Limits
+from supervisor.errors import ExitCode, GpuUnrecoverable
+from supervisor.testing import gpu_state
+from supervisor.watchdog import MemoryWatchdog
+from tests.e2e.watchdog_support import Launched, launched
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+MiB = 2**20
+RESET = f"{sys.executable} -m supervisor.testing.fake_gpu_reset {{index}}"
+
+
+class Clock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def _kill_and_release(
+    run: Launched,
+    sensor: GuardedGpuSensor,
+    baselines: dict[str, int],
+    *,
+    reset_command: str | None,
+    timeout_s: float,
+    process_state: Callable[[int], str | None] = reclaim.process_state,
+    kill: Callable[[int], bool] = reclaim.kill_and_reclaim,
+) -> ReleaseResult:
+    old = [p.pid for p in run.server.tree()]
+    run.server.kill_all("memory_kill", "test")
+    wait_until(lambda: not run.live_tree(), timeout_s=10, what="tree gone")
+    return wait_for_gpu_release(
+        sensor,
+        [0, 1],
+        old,
+        clock=Clock(),
+        baselines=baselines,
+        timeout_s=timeout_s,
+        resetter=(
+            CommandGpuResetter(
+                reset_command,
+                timeout_s=30,
+                env={**os.environ, "FAKE_GPU_STATE_DIR": str(sensor.sim_state_dir)},
+            )
+            if reset_command
+            else None
+        ),
+        reset_settle_s=0.5,
+        d_state_grace_s=timeout_s,
+        poll_interval_s=0.05,
+        process_state=process_state,
+        kill=kill,
+    )
+
+
+@pytest.fixture
+def gpus(make_gpu_state: Callable[..., Path]) -> Path:
+    return make_gpu_state(2)
+
+
+@pytest.fixture
+def sensor(gpus: Path):
+    guard = GuardedGpuSensor("sim", sim_state_dir=gpus)
+    yield guard
+    guard.close()
+
+
+def test_a_delayed_release_is_waited_for(gpus: Path, sensor: GuardedGpuSensor, free_port: int):
+    scenario = {"startup_s": 0.1, "gpu_release_delay_s": 1.0}
+    baselines = measure_baselines(sensor, [0, 1])
+    with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
+        wait_until(run.ready, timeout_s=30, what="server ready")
+        result = _kill_and_release(run, sensor, baselines, reset_command=None, timeout_s=20)
+    assert result.ok, result.reason
+    assert result.elapsed_s >= 0.5  # the dead ranks' PIDs stayed listed for a while
+    assert result.reset_gpus == ()
+    assert result.killed_pids == ()
+
+
+def test_a_stuck_gpu_is_reset_by_the_configured_command_then_free(
+    gpus: Path, sensor: GuardedGpuSensor, free_port: int
+):
+    scenario = {"startup_s": 0.1, "gpu_stuck": True}
+    baselines = measure_baselines(sensor, [0, 1])
+    with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
+        wait_until(run.ready, timeout_s=30, what="server ready")
+        result = _kill_and_release(run, sensor, baselines, reset_command=RESET, timeout_s=1.0)
+    assert result.ok, result.reason
+    assert result.reset_gpus == (0, 1)
+    after = sensor.read_gpus()
+    assert after is not None
+    assert all(g.used_bytes == baselines[g.uuid] for g in after)
+
+
+def test_a_failing_reset_means_no_relaunch_and_exit_code_6(
+    gpus: Path, sensor: GuardedGpuSensor, free_port: int
+):
+    scenario = {"startup_s": 0.1, "gpu_stuck": True}
+    baselines = measure_baselines(sensor, [0, 1])
+    broken = f"{sys.executable} -m supervisor.testing.fake_gpu_reset 7"  # no such GPU: exit 6
+    with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
+        wait_until(run.ready, timeout_s=30, what="server ready")
+        result = _kill_and_release(run, sensor, baselines, reset_command=broken, timeout_s=1.0)
+    assert not result.ok
+    assert "reset failed" in result.reason
+    with pytest.raises(GpuUnrecoverable) as err:
+        raise_if_unrecoverable(result)
+    assert err.value.exit_code is ExitCode.GPU_UNRECOVERABLE
+    gpu_state.clear_gpu(gpus, 0)
+    gpu_state.clear_gpu(gpus, 1)
+
+
+def test_an_orphan_holding_a_gpu_is_found_and_killed(
+    gpus: Path, sensor: GuardedGpuSensor, free_port: int
+):
+    """A setsid escapee of the old run (SGLang-titled) survives a plain group kill and keeps
+    GPU memory: the release wait finds it on the GPU and kills it."""
+    scenario = {
+        "startup_s": 0.1,
+        "orphan": {"kind": "setsid", "holds_gpu": True, "rank": 0, "lifetime_s": 30},
+    }
+    baselines = measure_baselines(sensor, [0, 1])
+    with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
+        wait_until(run.ready, timeout_s=30, what="server ready")
+        group = [p.pid for p in run.server.tree() if p.pgid == run.server.pgid]
+        orphan = wait_until(
+            lambda: [p.pid for p in run.server.tree() if p.pgid != run.server.pgid],
+            timeout_s=10,
+            what="orphan started",
+        )[0]
+        # The naive kill: only the process group (prior-art.md §5: misses the setsid child).
+        run.server.signal_group(signal.SIGKILL)
+        wait_until(
+            lambda: all(reclaim.process_state(p) in (None, "Z") for p in group),
+            timeout_s=10,
+            what="group dead",
+        )
+        assert reclaim.process_state(orphan) not in (None, "Z")
+        result = wait_for_gpu_release(
+            sensor,
+            [0, 1],
+            [],  # the old run's PIDs unknown: recognised by its SGLang title
+            clock=Clock(),
+            baselines=baselines,
+            timeout_s=20,
+            poll_interval_s=0.05,
+        )
+    assert result.ok, result.reason
+    assert orphan in result.killed_pids
+    wait_until(
+        lambda: reclaim.process_state(orphan) in (None, "Z"), timeout_s=5, what="orphan gone"
+    )
+
+
+def test_a_d_state_holder_is_waited_for_not_re_killed(
+    gpus: Path, sensor: GuardedGpuSensor, free_port: int
+):
+    """The simulated rank cannot really enter D state, so its /proc state is reported as D for
+    the first second after the kill (how a rank unpinning hundreds of GB looks, sglang.md §1.7)."""
+    scenario = {"startup_s": 0.1, "gpu_release_delay_s": 1.5}
+    baselines = measure_baselines(sensor, [0, 1])
+    kills: list[int] = []
+    with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
+        wait_until(run.ready, timeout_s=30, what="server ready")
+        ranks = {p.pid for p in run.server.tree() if p.title.startswith("sglang::scheduler")}
+        started = time.monotonic()
+
+        def state(pid: int) -> str | None:
+            if pid in ranks and time.monotonic() - started < 1.0:
+                return "D"
+            return reclaim.process_state(pid)
+
+        def kill(pid: int) -> bool:
+            kills.append(pid)
+            return reclaim.kill_and_reclaim(pid)
+
+        result = _kill_and_release(
+            run, sensor, baselines, reset_command=None, timeout_s=20, process_state=state, kill=kill
+        )
+    assert result.ok, result.reason
+    assert set(result.d_state_pids) == ranks
+    assert kills == []
+
+
+def test_memory_kills_happen_on_time_while_nvml_hangs(
+    tmp_path: Path, gpus: Path, sensor: GuardedGpuSensor, free_port: int
+):
+    scenario = {
+        "startup_s": 0.1,
+        "leak": {"rank": 0, "bytes_per_s": 8 * MiB, "after_s": 1.0, "max_bytes": 48 * MiB},
+    }
+    with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
+        wait_until(run.ready, timeout_s=30, what="server ready")
+        assert sensor.read_gpus() is not None
+        gpu_state.set_nvml_hang(gpus, 60.0)
+        # Another thread (the runner, say) is stuck in an NVML query meanwhile.
+        blocked = threading.Thread(target=sensor.read_gpus, daemon=True)
+        blocked.start()
+        expected = sum(p.charged_bytes for p in run.server.tree())
+        limits = Limits(
+            warn=Level(bytes_=3 * MiB),
+            terminate=Level(bytes_=2 * MiB),
+            kill=Level(bytes_=1 * MiB),
+            psi_full_warn_percent=None,
+            tree_budget_bytes=expected + 4 * MiB,
+            tree_kill_bytes=expected + 16 * MiB,
+        )
+        dog = MemoryWatchdog(
+            run.server,
+            limits,
+            post=run.events.put,
+            read_pids=run.server.proc.processes,
+            gpu_snapshot=sensor.last_snapshot,
+            state_dir=tmp_path,
+        )
+        dog.start()
+        event = run.events.get(timeout=30)
+        assert event.kind == "memory_kill"
+        assert max(r.tree_charged_bytes for r in dog.history) < expected + 16 * MiB
+        # The ticks kept their pace: no gap anywhere near the NVML deadline (5 s).
+        gaps = [b.t_s - a.t_s for a, b in itertools.pairwise(dog.history)]
+        assert max(gaps) < 2.0
+        dog.stop()
+        blocked.join(timeout=15)
+        assert sensor.hangs == 1
+    gpu_state.set_nvml_hang(gpus, None)
+    assert dataclasses.is_dataclass(limits)
+    assert os.getpid()
