@@ -123,7 +123,7 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option("hicache_mem_layout", ("--hicache-mem-layout",), _str),
     _Option("hicache_storage_backend", ("--hicache-storage-backend",), _str),
     _Option("host", ("--host",), _str),
-    _Option("port", ("--port",), _port, "a TCP port"),
+    _Option("port", ("--port",), _port),
     _Option("base_gpu_id", ("--base-gpu-id",), _nonneg_int, "a non-negative integer"),
     _Option("gpu_id_step", ("--gpu-id-step",), _pos_int, "a positive integer"),
     _Option("weight_loader_disable_mmap", ("--weight-loader-disable-mmap",), None),
