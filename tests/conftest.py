@@ -141,7 +141,7 @@ def fake_server_env() -> Callable[..., dict[str, str]]:
 def start_fake_server(tmp_path: Path, free_port: int) -> Iterator[Callable[..., FakeServer]]:
     """start_fake_server(args, scenario=None, *, state_dir=None, bytes_per_gb=16384, port=...)
 
-    Launches `python -m supervisor.testing.fake_sglang --model-path fake/model --port PORT
+    Launches `python -m supervisor.testing.fake_sglang [--model-path fake/model] --port PORT
     *args` in its own session (as the supervisor does), stderr+stdout to a log file; every
     server is SIGKILLed with its group at teardown.
     """
@@ -161,7 +161,8 @@ def start_fake_server(tmp_path: Path, free_port: int) -> Iterator[Callable[..., 
                 sock.bind(("127.0.0.1", 0))
                 port = int(sock.getsockname()[1])
         log_path = tmp_path / f"fake-sglang-{len(started)}.log"
-        argv = ["--model-path", "fake/model", "--port", str(port), *args]
+        has_model = any(a.split("=")[0] in ("--model-path", "--model") for a in args)
+        argv = [*([] if has_model else ["--model-path", "fake/model"]), "--port", str(port), *args]
         env = _fake_server_env(scenario, state_dir=state_dir, bytes_per_gb=bytes_per_gb)
         with log_path.open("wb") as log:
             proc = subprocess.Popen(

@@ -112,8 +112,7 @@ def open_gpu_sensor(backend: str, *, sim_state_dir: Path | None = None) -> GpuSe
         return NoGpuSensor()
     if backend == "sim":
         fake = importlib.import_module("supervisor.testing.fake_nvml")
-        if sim_state_dir is not None:
-            fake.set_state_dir(sim_state_dir)
+        fake.set_state_dir(sim_state_dir)  # None: $FAKE_GPU_STATE_DIR
         try:
             return NvmlGpuSensor(fake)
         except fake.NVMLError as exc:

@@ -93,6 +93,8 @@ class ServerView:
             return None
         if phase != PHASE_UP:
             return 503
+        if self.plan.node_rank >= 1:
+            return 200  # worker nodes run a dummy health server: always 200 (sglang.md §3)
         if self.health_failing():
             return 503 if self.scenario.health_fail_mode == "503" else None
         timeout_s = self.scenario.health_check_timeout_s

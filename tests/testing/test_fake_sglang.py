@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
-from tests.testing.support import fake_server_argv, fake_server_env
+from supervisor.core import fit, model_geometry
+from supervisor.core.sglang_args import parse_launch_args
+from supervisor.testing.layout import local_ranks
+from tests.testing.support import fake_server_argv, fake_server_env, http_json
 from tests.waiting import wait_until
 
 HICACHE_50GB = ["--enable-hierarchical-cache", "--hicache-size", "50"]
@@ -64,8 +70,6 @@ def test_each_rank_holds_its_host_pool_as_shared_memory_scaled_by_bytes_per_gb(s
 def test_server_info_reports_max_total_num_tokens(start_fake_server):
     server = start_fake_server(scenario={"max_total_num_tokens": 123456})
     wait_until(lambda: server.status() == 200, what="server up")
-    from tests.testing.support import http_json
-
     info = http_json(server.port, "/server_info")
     assert info["max_total_num_tokens"] == 123456
     assert http_json(server.port, "/v1/models")["data"][0]["id"] == "fake/model"
@@ -74,8 +78,6 @@ def test_server_info_reports_max_total_num_tokens(start_fake_server):
 
 
 def test_metrics_use_sglang_names_with_enable_metrics(start_fake_server):
-    import http.client
-
     server = start_fake_server(["--enable-metrics"])
     wait_until(lambda: server.status() == 200, what="server up")
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
@@ -152,3 +154,118 @@ def test_a_malformed_scenario_exits_2_naming_the_key():
     assert result.returncode == 2
     assert "crash.after" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "titles"),
+    [
+        ([], ["sglang::scheduler"]),
+        (["--tp", "2"], ["sglang::scheduler_TP0", "sglang::scheduler_TP1"]),
+        (
+            ["--tp-size", "2", "--dp-size", "2"],
+            [
+                "sglang::scheduler_DP0_TP0",
+                "sglang::scheduler_DP0_TP1",
+                "sglang::scheduler_DP1_TP0",
+                "sglang::scheduler_DP1_TP1",
+            ],
+        ),
+        (
+            ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"],
+            ["sglang::scheduler_DP0_TP0", "sglang::scheduler_DP1_TP1"],
+        ),
+        (
+            ["--tp-size", "2", "--pipeline-parallel-size", "2"],
+            [
+                "sglang::scheduler_PP0_TP0",
+                "sglang::scheduler_PP0_TP1",
+                "sglang::scheduler_PP1_TP0",
+                "sglang::scheduler_PP1_TP1",
+            ],
+        ),
+        (
+            ["--tp-size", "2", "--ep-size", "2"],
+            ["sglang::scheduler_TP0_EP0", "sglang::scheduler_TP1_EP1"],
+        ),
+    ],
+)
+def test_scheduler_titles_follow_sglangs_scheme(args, titles):
+    plan = parse_launch_args(["--model-path", "m", *args])
+    assert [title for title, _prefix, _gpu in local_ranks(plan)] == titles
+
+
+def test_gpu_of_each_rank_is_base_plus_rank_times_step():
+    plan = parse_launch_args(
+        ["--model-path", "m", "--tp", "4", "--base-gpu-id", "1", "--gpu-id-step", "2"]
+    )
+    assert [gpu for _t, _p, gpu in local_ranks(plan)] == [1, 3, 5, 7]
+
+
+def test_pool_is_sized_from_the_models_config_with_the_preflight_arithmetic(
+    start_fake_server, tmp_path
+):
+    model = tmp_path / "deepseek"
+    model.mkdir()
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "hidden_size": 7168,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128,
+        "v_head_dim": 128,
+        "torch_dtype": "bfloat16",
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    server = start_fake_server(
+        [
+            "--model-path",
+            str(model),
+            "--tp-size",
+            "2",
+            "--enable-hierarchical-cache",
+            "--hicache-size",
+            "10",
+        ],
+    )
+    wait_until(lambda: server.status() == 200, what="server up")
+    plan = parse_launch_args(
+        [
+            "--model-path",
+            str(model),
+            "--tp-size",
+            "2",
+            "--enable-hierarchical-cache",
+            "--hicache-size",
+            "10",
+        ]
+    )
+    assert model_geometry.bytes_per_token_per_rank(config, plan) == 70272  # sglang.md §7
+    tokens = fit.host_pool_tokens(plan, 70272, None)
+    assert f"Allocating MLA hierarchical KV host pool: {tokens} tokens" in server.log_text()
+
+
+def test_worker_nodes_answer_health_200_and_ignore_sigterm(start_fake_server):
+    server = start_fake_server(
+        ["--tp-size", "2", "--nnodes", "2", "--node-rank", "1"],
+        scenario={"health_fail_after_s": 0},
+    )
+    wait_until(lambda: server.status() == 200, what="worker node up")
+    assert set(server.titled()) == {"sglang::scheduler_TP1", "sglang::detokenizer"}
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.status() == 200
+
+
+def test_the_api_key_guards_info_but_never_shows_up(start_fake_server):
+    server = start_fake_server(["--api-key", "s3cret-value"])
+    wait_until(lambda: server.status() == 200, what="server up")  # /health is not guarded
+    assert server.status("/server_info") == 401
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    conn.request("GET", "/server_info", headers={"Authorization": "Bearer s3cret-value"})
+    body = conn.getresponse().read().decode()
+    conn.close()
+    assert "launch_command" in body
+    assert "s3cret-value" not in body
+    assert "s3cret-value" not in server.log_text()

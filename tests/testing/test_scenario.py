@@ -1,0 +1,73 @@
+"""FAKE_SGLANG_SCENARIO parsing: defaults, nested keys, and every kind of bad input named."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from supervisor.testing.scenario import Scenario, ScenarioError, parse_scenario
+from tests.testing.support import fake_server_argv, fake_server_env
+
+
+@pytest.mark.parametrize("text", [None, "", "  ", "{}"])
+def test_no_scenario_is_the_happy_path(text):
+    assert parse_scenario(text) == Scenario()
+
+
+def test_nested_keys_and_signal_names_are_read():
+    scenario = parse_scenario(
+        '{"crash": {"rank": 2, "after_s": 1.5, "signal": "SIGSEGV"}, "leak": {"rank": 1,'
+        ' "bytes_per_s": 1024}, "orphan": {"kind": "double_fork", "holds_gpu": true},'
+        ' "bad_flags": ["--foo"], "gpu_stuck": true, "startup_s": 1}'
+    )
+    assert scenario.crash is not None
+    assert (scenario.crash.rank, scenario.crash.after_s) == (2, 1.5)
+    assert scenario.crash.signal == signal.SIGSEGV
+    assert scenario.leak is not None
+    assert scenario.leak.bytes_per_s == 1024
+    assert scenario.orphan is not None
+    assert scenario.orphan.kind == "double_fork"
+    assert scenario.bad_flags == ("--foo",)
+    assert scenario.startup_s == 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("{nope", "not valid JSON"),
+        ("[1]", "expected an object"),
+        ('{"startup": 1}', "unknown key 'startup'"),
+        ('{"startup_s": "1"}', "'startup_s': expected a number"),
+        ('{"startup_s": -1}', "'startup_s': must not be negative"),
+        ('{"ignore_sigterm": 1}', "'ignore_sigterm': expected true or false"),
+        ('{"crash": {"rank": 0}}', "give signal or exit_code"),
+        ('{"crash": {"signal": 9, "exit_code": 1}}', "give signal or exit_code"),
+        ('{"crash": {"signal": "SIGNOPE"}}', "no signal 'SIGNOPE'"),
+        ('{"leak": {"rank": 0, "bytes": 5}}', "unknown key 'leak.bytes'"),
+        ('{"leak": {"kind": "heap"}}', "leak.kind"),
+        ('{"orphan": {"kind": "fork"}}', "setsid|double_fork"),
+        ('{"bad_flags": "--foo"}', "a list of flags"),
+        ('{"health_fail_mode": "500"}', "health_fail_mode"),
+    ],
+)
+def test_bad_scenarios_are_refused_naming_the_problem(text, named):
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text)
+    assert named in str(info.value)
+
+
+def test_a_bad_scale_factor_exits_2():
+    env = fake_server_env()
+    env["FAKE_SGLANG_BYTES_PER_GB"] = "1MiB"
+    result = subprocess.run(
+        fake_server_argv(["--model-path", "m"]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "FAKE_SGLANG_BYTES_PER_GB" in result.stderr
