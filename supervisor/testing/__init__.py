@@ -71,6 +71,9 @@ sized like the pre-flight (core.model_geometry + core.fit; size, ratio and defau
 SGLang's auto-sizing is not simulated: auto uses the default ratio). A --model-path without a
 readable config.json uses Llama-3-70B geometry (80 layers, 8 KV heads, head_dim 128, bf16).
 
+Not simulated: the DP controller process (with plain --dp-size the schedulers are children of
+the main process here), tokenizer workers, real requests, SGLang's HiCache auto-sizing.
+
 HTTP (after all ranks loaded; connection refused before): /health, /health_generate (503 while
 starting or draining, 200 when every rank answers), /ready, /model_info, /server_info (with
 max_total_num_tokens), /v1/models, /metrics (sglang:* names, only with --enable-metrics; 404
