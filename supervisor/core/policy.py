@@ -25,8 +25,9 @@ above it) - a leak is caught even on a box with plenty of memory left.
              ├─ headroom <= warn, tree > budget, PSI full >= limit ─ N ticks > WARN
              └─ otherwise ──────────────────────────────────────────────────> OK
 
-Trend: the growth rate over the last `trend_window_s` (host headroom falling, tree charge rising)
-is projected over the next interval plus the reaction time; fixed thresholds alone lose at fast
+Trend: the growth rate (host headroom falling, tree charge rising; the larger of the slopes over
+the last `trend_window_s` and the last 0.1 s) is projected over the next interval plus the
+reaction time; fixed thresholds alone lose at fast
 ramps (earlyoom #123: 715 ms of sleep, reacted at 3 % instead of 10 %). Kill needs no streak; WARN
 needs `warn_ticks` consecutive breaches (circus's debounce, 3 samples).
 
@@ -129,26 +130,38 @@ class Decision:
         }
 
 
-def growth_rates(history: Sequence[Reading], window_s: float) -> tuple[float, float]:
-    """(host headroom drop, tree growth) in bytes/s over the last `window_s`; >= 0 each.
+def _rates_since(history: Sequence[Reading], min_age_s: float) -> tuple[float, float]:
+    """(drop, growth) from the newest reading at least `min_age_s` older than the latest (else
+    the oldest) to the latest."""
+    latest = history[-1]
+    ref = history[-2]
+    for reading in reversed(history[:-1]):
+        ref = reading
+        if latest.t_s - reading.t_s >= min_age_s:
+            break
+    dt = latest.t_s - ref.t_s
+    if dt <= 0:
+        return 0.0, 0.0
+    drop = (ref.available_bytes - latest.available_bytes) / dt
+    growth = (latest.tree_charged_bytes - ref.tree_charged_bytes) / dt
+    return max(0.0, drop), max(0.0, growth)
 
-    Uses the oldest reading inside the window (at least the previous one), so a single noisy
-    tick cannot fake a ramp and a ramp that just started is still seen within one tick.
+
+def growth_rates(
+    history: Sequence[Reading], window_s: float, short_s: float = 0.1
+) -> tuple[float, float]:
+    """(host headroom drop, tree growth) in bytes/s; >= 0 each.
+
+    The larger of two slopes: over at least `window_s` (smooth) and over at least `short_s`
+    (a ramp that just started). Both reach back to a reading at least that old, so a re-read a
+    few ms after the previous one (before a kill) cannot hide a ramp, and a single
+    allocation step seen over a few ms cannot fake a huge rate.
     """
     if len(history) < 2:
         return 0.0, 0.0
-    latest = history[-1]
-    oldest = history[-2]
-    for reading in reversed(history[:-1]):
-        if latest.t_s - reading.t_s > window_s:
-            break
-        oldest = reading
-    dt = latest.t_s - oldest.t_s
-    if dt <= 0:
-        return 0.0, 0.0
-    drop = (oldest.available_bytes - latest.available_bytes) / dt
-    growth = (latest.tree_charged_bytes - oldest.tree_charged_bytes) / dt
-    return max(0.0, drop), max(0.0, growth)
+    long_drop, long_growth = _rates_since(history, window_s)
+    short_drop, short_growth = _rates_since(history, short_s)
+    return max(long_drop, short_drop), max(long_growth, short_growth)
 
 
 def next_interval_s(

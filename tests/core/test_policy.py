@@ -111,6 +111,15 @@ def test_a_growing_tree_is_killed_before_it_crosses_budget_plus_margin():
     assert d.tree_growth_bytes_per_s == pytest.approx(5 * GB)
 
 
+def test_a_re_read_moments_after_a_tick_does_not_hide_the_ramp():
+    """Ticks 1 s apart saw 9 GB/s; the re-read before the kill comes 6 ms later, unchanged."""
+    history = [r(4.0, 15.8), r(5.0, 6.8), r(5.006, 6.8)]
+    d = decide(history, LIMITS)
+    assert d.verdict is Verdict.KILL
+    assert d.predicted
+    assert d.available_drop_bytes_per_s == pytest.approx(9 * GB, rel=0.01)
+
+
 def test_a_slow_ramp_far_from_the_line_is_not_killed_by_the_trend():
     history = [r(0.0, 50.0), r(1.0, 49.5)]
     assert decide(history, LIMITS).verdict is Verdict.OK
@@ -146,6 +155,9 @@ def test_growth_rate_uses_the_window_and_ignores_readings_older_than_it():
     assert growth == 0.0
     assert growth_rates(history[:1], 1.0) == (0.0, 0.0)
     assert growth_rates([r(1.0, 5), r(1.0, 4)], 1.0) == (0.0, 0.0)
+    # A ramp that just started shows in the short slope even inside a long window.
+    onset = [r(0.0, 50), r(0.5, 50), r(0.875, 50), r(1.0, 49.25)]
+    assert growth_rates(onset, 1.0)[0] == pytest.approx(6 * GB)
     # Memory coming back is not negative growth.
     assert growth_rates([r(0.0, 5), r(1.0, 9)], 1.0) == (0.0, 0.0)
 
