@@ -55,7 +55,11 @@ class NvmlGpuSensor:
 
     @staticmethod
     def _read_one(nvml: ModuleType, handle: Any, index: int) -> GpuState:
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            # v2 separates driver-reserved memory from `used` (driver >= 515, prior-art.md §7).
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+        except nvml.NVMLError:
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         processes = tuple(
             GpuProcess(
                 pid=int(p.pid), used_bytes=None if p.usedGpuMemory is None else int(p.usedGpuMemory)

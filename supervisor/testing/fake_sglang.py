@@ -7,6 +7,7 @@ and the detokenizer run in supervisor/testing/ranks.py. Contract: supervisor/tes
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import multiprocessing
 import os
@@ -244,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ScenarioError as exc:
         sys.stderr.write(f"fake_sglang: {exc}\n")
         sys.exit(2)
+    if importlib.util.find_spec("setproctitle") is None:
+        sys.stderr.write(
+            "fake_sglang: the simulation titles its processes with setproctitle: "
+            "pip install 'sglang-supervisor[testing]'\n"
+        )
+        sys.exit(1)
     raw_scale = os.environ.get("FAKE_SGLANG_BYTES_PER_GB", str(DEFAULT_BYTES_PER_GB))
     if not raw_scale.isdigit():
         sys.stderr.write(

@@ -270,3 +270,15 @@ def test_auto_without_a_driver_is_none_and_nvml_says_why():
     assert open_gpu_sensor("auto").read_gpus() is None
     with pytest.raises(GpuBackendError, match="NVIDIA driver"):
         open_gpu_sensor("nvml")
+
+
+def test_calls_after_the_last_shutdown_raise_uninitialized(gpu_state_dir):
+    fake_nvml.set_state_dir(gpu_state_dir)
+    fake_nvml.nvmlInit()
+    fake_nvml.nvmlInit()
+    fake_nvml.nvmlShutdown()
+    assert fake_nvml.nvmlDeviceGetCount() == 8  # init is reference-counted, as in NVML
+    fake_nvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        fake_nvml.nvmlDeviceGetCount()
+    fake_nvml.set_state_dir(None)
