@@ -81,8 +81,10 @@ otherwise), POST /generate (toy). --api-key guards all but /health*, /ready and 
 
 Exit codes of the main process
     0     SIGTERM/SIGINT: 503, drain_s, children told to exit (SIGKILL after 5 s), exit 0
-    2     bad_flags hit, an argv the parser rejects, no --model-path, or a bad scenario
-    1     a rank died during load (exit_code_on_start: that code instead); port already in use
+    2     bad_flags hit, an argv the parser rejects, no --model-path, a bad scenario or a
+          FAKE_SGLANG_BYTES_PER_GB that is not a byte count
+    1     a rank died during load (exit_code_on_start: that code instead); port already in
+          use; setproctitle not installed (pip install 'sglang-supervisor[testing]')
     -9    crash path: a rank exited non-zero (seen within 0.05 s) or sent SIGQUIT: HTTP frozen
           for crash_dump_wait_s, every descendant SIGKILLed, then the main process itself
 
