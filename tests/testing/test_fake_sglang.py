@@ -89,7 +89,7 @@ def test_metrics_use_sglang_names_with_enable_metrics(start_fake_server):
 
 
 def test_sigterm_answers_503_drains_and_exits_0(start_fake_server):
-    server = start_fake_server(["--tp-size", "2"], scenario={"drain_s": 0.5})
+    server = start_fake_server(["--tp-size", "2"], scenario={"drain_s": 2.0})
     wait_until(lambda: server.status() == 200, what="server up")
     ranks = server.titled()
     server.proc.send_signal(signal.SIGTERM)
