@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import structlog
 
 from supervisor.adapters import reclaim
+from supervisor.adapters.nvml import NoGpuSensor
 from supervisor.core.gpu_release import (
     GpuCheck,
     ReleaseAction,
@@ -59,10 +60,14 @@ class ReleaseResult:
 
 
 def measure_baselines(sensor: GpuSensor, gpu_indices: Iterable[int]) -> dict[str, int]:
-    """Used bytes per target GPU UUID before the first launch (empty when NVML gives no answer)."""
+    """Used bytes per target GPU UUID before the first launch (empty when NVML gives no answer).
+
+    A GPU that lists processes at that moment (leftovers of an earlier run, say) gets no
+    baseline: its memory is not idle, and baseline 0 + tolerance is the safe judgement.
+    """
     gpus = sensor.read_gpus()
     wanted = set(gpu_indices)
-    return {g.uuid: g.used_bytes for g in gpus or () if g.index in wanted}
+    return {g.uuid: g.used_bytes for g in gpus or () if g.index in wanted and not g.processes}
 
 
 def _listed_pids(gpus: Sequence[GpuState] | None, targets: Iterable[int]) -> set[int]:
@@ -113,8 +118,12 @@ def wait_for_gpu_release(
     reset_at: dict[int, float] = {}
     reset_failed: dict[int, str] = {}
     last_reason = ""
-    if not targets:
-        return ReleaseResult(ok=True, reason="no target GPUs", elapsed_s=0.0)
+    if (
+        not targets
+        or getattr(sensor, "is_watching", True) is False
+        or isinstance(sensor, NoGpuSensor)
+    ):
+        return ReleaseResult(ok=True, reason="no target GPUs watched", elapsed_s=0.0)
     while True:
         elapsed = clock.monotonic() - started
         gpus = sensor.read_gpus()

@@ -19,7 +19,8 @@ The tree has its own budget: the pre-flight's expected total (warn above it) plu
 above it) - a leak is caught even on a box with plenty of memory left.
 
     reading ─┬─ headroom <= kill, or tree >= budget+margin ─────────────────> KILL
-             ├─ would cross either line before the next tick (trend) ───────> KILL
+             ├─ would cross either line before the next tick (trend; for the
+             │  tree only once it is past the expected total) ──────────────> KILL
              ├─ TERM sent and its grace expired ────────────────────────────> KILL
              ├─ headroom <= terminate ──────────────────────────────────────> TERMINATE
              ├─ headroom <= warn, tree > budget, PSI full >= limit ─ N ticks > WARN
@@ -27,7 +28,8 @@ above it) - a leak is caught even on a box with plenty of memory left.
 
 Trend: the growth rate (host headroom falling, tree charge rising; the larger of the slopes over
 the last `trend_window_s` and the last 0.1 s) is projected over the next interval plus the
-reaction time; fixed thresholds alone lose at fast
+reaction time - the tree's own growth only up to the pre-flight's expected total, since a
+loading server pins its pools at GB/s and then stops; fixed thresholds alone lose at fast
 ramps (earlyoom #123: 715 ms of sleep, reacted at 3 % instead of 10 %). Kill needs no streak; WARN
 needs `warn_ticks` consecutive breaches (circus's debounce, 3 samples).
 
@@ -173,6 +175,23 @@ def next_interval_s(
     return max(min_interval_s, min(max_interval_s, headroom_bytes / ramp_bytes_per_s))
 
 
+def projected_drop(
+    drop: float, growth: float, horizon_s: float, tree_bytes: int, limits: Limits
+) -> float:
+    """How much host headroom may go within `horizon_s`.
+
+    The part of the drop our tree's growth explains stops at the pre-flight's expected total
+    (the load pins its pools at GB/s, then stops); the rest (other processes, or the tree past
+    its budget) is projected in full.
+    """
+    ours = min(drop, growth)
+    foreign = drop - ours
+    ours_s = ours * horizon_s
+    if limits.tree_budget_bytes is not None and tree_bytes < limits.tree_budget_bytes:
+        ours_s = min(ours_s, limits.tree_budget_bytes - tree_bytes)
+    return foreign * horizon_s + ours_s
+
+
 def _fmt_gb(n: float) -> str:
     return f"{n / GB:.2f} GB"
 
@@ -233,7 +252,7 @@ def decide(
             f"margin {_fmt_gb(limits.tree_kill_bytes)}",
             streak,
         )
-    if drop > 0 and avail - drop * horizon <= kill_b:
+    if drop > 0 and avail - projected_drop(drop, growth, horizon, tree, limits) <= kill_b:
         return out(
             Verdict.KILL,
             f"host memory falls {_fmt_gb(drop)}/s: {_fmt_gb(avail)} available would cross the "
@@ -241,9 +260,12 @@ def decide(
             streak,
             predicted=True,
         )
+    # Below the pre-flight's expected total, fast tree growth is the load itself (pools are
+    # pinned at GB/s): only growth past the expected total is projected onto the kill line.
     if (
         limits.tree_kill_bytes is not None
         and growth > 0
+        and (limits.tree_budget_bytes is None or tree > limits.tree_budget_bytes)
         and tree + growth * horizon >= limits.tree_kill_bytes
     ):
         return out(

@@ -120,6 +120,27 @@ def test_a_re_read_moments_after_a_tick_does_not_hide_the_ramp():
     assert d.available_drop_bytes_per_s == pytest.approx(9 * GB, rel=0.01)
 
 
+def test_fast_tree_growth_below_the_expected_total_is_the_load_not_a_leak():
+    """Pools pinned at 200 GB/s during startup: no projection until past the budget."""
+    loading = [r(0.0, 300, tree_gb=300.0), r(0.1, 280, tree_gb=320.0)]
+    assert decide(loading, LIMITS).verdict is Verdict.OK
+    past = [r(0.0, 100, tree_gb=370.0), r(0.1, 80, tree_gb=390.0)]
+    d = decide(past, LIMITS)
+    assert d.verdict is Verdict.KILL
+    assert d.predicted
+
+
+def test_pools_pinned_fast_up_to_the_plan_do_not_project_past_it():
+    """The load pins 40 GB/s and will stop at the expected 380 GB, leaving 9 GB: no kill. The
+    same drop from another process (the tree not growing) is projected in full."""
+    loading = [r(0.0, 49.0, tree_gb=330.0), r(0.1, 45.0, tree_gb=334.0)]
+    assert decide(loading, LIMITS).verdict is Verdict.OK
+    foreign = [r(0.0, 6.0, tree_gb=334.0), r(0.1, 5.0, tree_gb=334.0)]
+    d = decide(foreign, LIMITS)
+    assert d.verdict is Verdict.KILL
+    assert d.predicted
+
+
 def test_a_slow_ramp_far_from_the_line_is_not_killed_by_the_trend():
     history = [r(0.0, 50.0), r(1.0, 49.5)]
     assert decide(history, LIMITS).verdict is Verdict.OK
