@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import socket
 
 import requests
 
@@ -78,20 +77,3 @@ def _first_arg_exception(exc: BaseException) -> BaseException | None:
         if isinstance(reason, BaseException):
             return reason
     return None
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether host:port is already bound by someone (checked before a long model load).
-
-    A bind test, as the server will do: SO_REUSEADDR like uvicorn, so a port in TIME_WAIT after
-    our own previous run counts as free.
-    """
-    bind_host = "" if host in ("0.0.0.0", "") else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((bind_host, port))
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
-    return False

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 from collections.abc import Iterator
 
 import pytest
 
-from supervisor.adapters.health import HttpHealthProbe, health_url, port_in_use
+from supervisor.adapters.health import HttpHealthProbe, health_url
 from supervisor.core.lifecycle import HealthStatus
 
 
@@ -66,14 +65,6 @@ def test_no_answer_within_the_timeout_is_a_timeout(server):
         assert HttpHealthProbe(_url(server), timeout_s=0.2).check() is HealthStatus.TIMEOUT
     finally:
         _Handler.block.set()
-
-
-def test_port_in_use_sees_a_listener_and_not_a_free_port(free_port):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        assert port_in_use("127.0.0.1", sock.getsockname()[1])
-    assert not port_in_use("127.0.0.1", free_port)
 
 
 def test_ipv6_wildcard_is_probed_on_loopback():

@@ -1,0 +1,299 @@
+"""`sglang-supervisor run`: parse options over the config file, wire the adapters, run the loop.
+
+    sglang-supervisor run [--config FILE] [OPTIONS] -- <launch_server args>
+
+Every [run] key has an option of the same name; command-line options override the config file,
+which overrides the defaults. The loop itself is supervisor/runner.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+import structlog
+
+from supervisor.config import RunConfig, SupervisorConfig, load_config
+from supervisor.core.units import parse_duration
+from supervisor.errors import ConfigError
+from supervisor.state import StateStore, default_state_dir
+
+if TYPE_CHECKING:
+    from supervisor.launch import RunSettings
+
+# Set by the shipped unit next to TimeoutStopSec (systemd tells a service nothing about it).
+UNIT_STOP_TIMEOUT_ENV = "SGLANG_SUPERVISOR_STOP_TIMEOUT_S"
+# Killing the tree and the kernel unpinning host memory after the grace (243 GB ~ 26 s,
+# sglang PR #32829) must fit before systemd's own SIGKILL.
+STOP_MARGIN_S = 30.0
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+_DURATION = "duration"  # marker in the table below: parsed by _duration
+# (option, RunConfig field, click type, help). One table: the decorators are generated from it.
+_RUN_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--name", "name", str, "Instance name: state in /var/lib/sglang-supervisor/NAME."),
+    ("--state-dir", "state_dir", str, "Directory of the state file and incident reports."),
+    ("--stop-grace", "stop_grace_s", _DURATION, "SIGTERM to SIGKILL on stop (default 60s)."),
+    ("--health-path", "health_path", str, "Health endpoint (default /health)."),
+    ("--health-interval", "health_interval_s", _DURATION, "Health check period (default 10s)."),
+    ("--health-timeout", "health_timeout_s", _DURATION, "One health check's limit (25s)."),
+    ("--failure-threshold", "failure_threshold", int, "Consecutive failed checks = dead (3)."),
+    ("--startup-timeout", "startup_timeout_s", _DURATION, "Hard load limit (default 60min)."),
+    (
+        "--startup-stall-timeout",
+        "startup_stall_timeout_s",
+        _DURATION,
+        "No progress = stuck (10min).",
+    ),
+    ("--backoff-initial", "backoff_initial_s", _DURATION, "First restart delay (default 10s)."),
+    ("--backoff-max", "backoff_max_s", _DURATION, "Restart delay cap (default 300s)."),
+    ("--stable-after", "stable_after_s", _DURATION, "Healthy this long resets the delay (10min)."),
+    ("--max-restarts", "max_restarts", int, "More restarts within the window = crash loop (5)."),
+    ("--restart-window", "restart_window_s", _DURATION, "Window for --max-restarts (30min)."),
+    ("--oom-score-adj", "oom_score_adj", int, "oom_score_adj of the server tree (500)."),
+    ("--log-format", "log_format", click.Choice(["auto", "json", "console"]), "Log rendering."),
+    ("--log-level", "log_level", click.Choice(["debug", "info", "warning", "error"]), "Level."),
+)
+_RUN_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("auto-size", "auto_size", "On no-fit, launch with the largest --hicache-size that fits."),
+    ("force", "force", "On no-fit, launch anyway."),
+    ("kill-foreign-gpu-processes", "kill_foreign_gpu_processes", "Kill others on the GPUs."),
+)
+
+
+def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    for flag, field, kind, help_text in reversed(_RUN_OPTIONS):
+        if kind == _DURATION:
+            option = click.option(
+                flag, field, callback=_duration, metavar="DURATION", help=help_text
+            )
+        else:
+            option = click.option(flag, field, type=kind, default=None, help=help_text)
+        f = option(f)
+    for flag, field, help_text in reversed(_RUN_FLAGS):
+        f = click.option(f"--{flag}/--no-{flag}", field, default=None, help=help_text)(f)
+    return f
+
+
+def merge_run_config(run: RunConfig, options: Mapping[str, Any]) -> RunConfig:
+    """Command-line values over the config file's [run]; validation names the key and option.
+
+    Raises:
+        ConfigError: an impossible value, or a stop grace that does not fit the unit's
+            TimeoutStopSec.
+    """
+    given = {k: v for k, v in options.items() if v is not None}
+    try:
+        merged = dataclasses.replace(run, **given)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (from the config file or its command-line option)") from None
+    unit_timeout = os.environ.get(UNIT_STOP_TIMEOUT_ENV)
+    if unit_timeout:
+        try:
+            limit_s = parse_duration(unit_timeout)
+        except ValueError:
+            limit_s = None
+        if limit_s is not None and merged.stop_grace_s + STOP_MARGIN_S > limit_s:
+            raise ConfigError(
+                f"config key run.stop_grace ({merged.stop_grace_s:g} s) must leave "
+                f"{STOP_MARGIN_S:g} s below the unit's TimeoutStopSec ({limit_s:g} s, "
+                f"{UNIT_STOP_TIMEOUT_ENV}); lower it or raise both in a drop-in"
+            )
+    return merged
+
+
+def build_settings(
+    config: SupervisorConfig,
+    *,
+    config_path: Path | None,
+    server_args: tuple[str, ...],
+    server_command: str | None,
+    gpu_backend: str | None,
+    run_options: Mapping[str, Any],
+) -> RunSettings:
+    """RunSettings from the config file and the command line."""
+    from supervisor import launch
+
+    run = merge_run_config(config.run, run_options)
+    gpu = (
+        config.gpu if gpu_backend is None else dataclasses.replace(config.gpu, backend=gpu_backend)
+    )
+    config = dataclasses.replace(config, run=run, gpu=gpu)
+    args = server_args or config.server.args
+    if not args:
+        raise ConfigError(
+            "no launch_server arguments: give them after -- or as [server] args in --config"
+        )
+    if server_command is not None:
+        try:
+            command = tuple(shlex.split(server_command))
+        except ValueError as exc:
+            raise ConfigError(f"--server-command: {exc}") from None
+    else:
+        command = config.server.command or launch.default_server_command()
+    launch.check_server_command(command)
+    state_dir = Path(run.state_dir) if run.state_dir else default_state_dir(run.name)
+    return launch.RunSettings(
+        config=config,
+        server_command=command,
+        server_args=tuple(args),
+        state_dir=state_dir,
+        config_dir=config_path.parent if config_path is not None else None,
+    )
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML config ([server], [run], [watchdog], [gpu], ...).",
+)
+@click.option(
+    "--server-command",
+    help='Command instead of "python -m sglang.launch_server" (shell-split), e.g. '
+    '"/opt/sglang/.venv/bin/python -m sglang.launch_server".',
+)
+@click.option(
+    "--gpu-backend",
+    type=click.Choice(["auto", "nvml", "sim", "none"]),
+    help="How to read the GPUs (default: [gpu] backend, auto).",
+)
+@_run_options
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def run(
+    config_path: Path | None,
+    server_command: str | None,
+    gpu_backend: str | None,
+    server_args: tuple[str, ...],
+    **run_options: Any,
+) -> int:
+    """Launch SGLang, keep it alive, stop it cleanly (under systemd or by hand).
+
+    \b
+    sglang-supervisor run [--config FILE] [OPTIONS] -- <launch_server args>
+    Exit codes: 0 stopped, 1 does not fit, 2 bad input, 3 SGLang rejected its
+    arguments, 4 startup failed, 5 crash loop, 6 GPU unrecoverable, 70 internal error.
+    """
+    from supervisor.log import configure_logging
+
+    config = load_config(config_path)
+    settings = build_settings(
+        config,
+        config_path=config_path,
+        server_args=server_args,
+        server_command=server_command,
+        gpu_backend=gpu_backend,
+        run_options=run_options,
+    )
+    configure_logging(settings.run.log_format, settings.run.log_level)
+    store = StateStore(settings.state_dir)
+    store.ensure_writable()
+    return int(_run_supervisor(settings, store))
+
+
+def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
+    from supervisor import launch
+    from supervisor.adapters.clock import SystemClock
+    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.adapters.gpu_reset import CommandGpuResetter
+    from supervisor.adapters.health import HttpHealthProbe, health_url
+    from supervisor.adapters.systemd import SdNotifier
+    from supervisor.runner import Runner
+
+    log = structlog.get_logger("supervisor.run")
+    gpu = settings.config.gpu
+    backend = launch.resolve_gpu_backend(gpu.backend)
+    sensor = None if backend == "none" else GuardedGpuSensor(backend, timeout_s=gpu.nvml_timeout_s)
+    resetter = (
+        CommandGpuResetter(gpu.reset_command, timeout_s=gpu.reset_timeout_s)
+        if gpu.reset_command
+        else None
+    )
+    run_cfg: RunConfig = settings.run
+
+    def probe_factory(plan: Any) -> Callable[[], Any]:
+        url = health_url(plan.host, plan.port, run_cfg.health_path)
+        return HttpHealthProbe(url, timeout_s=run_cfg.health_timeout_s).check
+
+    runner = Runner(
+        settings,
+        clock=SystemClock(),
+        store=store,
+        sensor=sensor,
+        notifier=SdNotifier(),
+        probe_factory=probe_factory,
+        components=_components(settings, sensor),
+        resetter=resetter,
+    )
+    from supervisor.core.sglang_args import parse_launch_args
+
+    log.info(
+        "settings",
+        instance=settings.instance,
+        resolved_gpu_backend=backend,
+        **launch.describe_settings(settings, parse_launch_args(settings.server_args)),
+    )
+    try:
+        return int(runner.run())
+    finally:
+        if sensor is not None:
+            sensor.close()
+
+
+def _components(settings: RunSettings, sensor: Any) -> list[Any]:
+    """The memory watchdog beside every launch, unless [watchdog] enabled = false."""
+    if not settings.config.watchdog.enabled:
+        return []
+    from supervisor.core.policy import Level, Limits, tree_kill_line
+    from supervisor.core.units import GB
+    from supervisor.watchdog import MemoryWatchdog
+
+    cfg = settings.config.watchdog
+
+    def level(size: int, percent: float) -> Level:
+        return Level(bytes_=size or None, percent=percent or None)
+
+    def make(server: Any, post: Callable[[Any], None], info: Any) -> MemoryWatchdog:
+        budget = info.expected_total_bytes
+        limits = Limits(
+            warn=level(cfg.warn_bytes, cfg.warn_percent),
+            terminate=level(cfg.terminate_bytes, cfg.terminate_percent),
+            kill=level(cfg.kill_bytes, cfg.kill_percent),
+            tree_budget_bytes=budget,
+            tree_kill_bytes=(
+                tree_kill_line(budget, cfg.tree_margin_percent, cfg.tree_margin_bytes)
+                if budget
+                else None
+            ),
+            psi_full_warn_percent=cfg.psi_full_warn_percent or None,
+            warn_ticks=cfg.warn_ticks,
+            terminate_grace_s=cfg.terminate_grace_s,
+            worst_ramp_bytes_per_s=cfg.ramp_gb_per_second * GB,
+            min_interval_s=cfg.min_interval_s,
+            max_interval_s=cfg.max_interval_s,
+        )
+        return MemoryWatchdog(
+            server,
+            limits,
+            post=post,
+            gpu_snapshot=getattr(sensor, "last_snapshot", None),
+            state_dir=Path(info.state_dir),
+            run_id=info.run_id,
+        )
+
+    return [make]

@@ -1,0 +1,246 @@
+"""Before a launch: the run's settings, the server's command and environment, leftovers of an
+earlier run, foreign GPU holders, the pre-flight gate (with --auto-size / --force) and the
+watchdog's --hicache-size override. The loop that uses them is supervisor/runner.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import dataclasses
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, ProcReader
+from supervisor.config import RunConfig, SupervisorConfig
+from supervisor.core.checks import FitReport
+from supervisor.core.liveness import is_sglang_title
+from supervisor.core.readings import ProcessInfo
+from supervisor.core.redact import redact_env
+from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
+from supervisor.errors import ConfigError, PreflightFailed
+from supervisor.ports import Clock, GpuSensor
+from supervisor.state import RunState
+
+log = structlog.get_logger("supervisor.run")
+
+# SGLang's crash path waits ~65 s (py-spy dump + CUDA core dump) with the GPUs held
+# (sglang.md §3.1); off unless [server] crash_dumps = true.
+CRASH_DUMP_ENV = {"SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0", "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0"}
+# systemd's variables are for the supervisor only (NotifyAccess=main): the server must not ping.
+_SYSTEMD_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+# Leftovers of an earlier run are SIGKILLed; how long to wait for them to exit. Processes stuck
+# in D state while the kernel unpins take longer; the GPU release wait covers those.
+LEFTOVER_EXIT_WAIT_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """Everything `run` was given, command line merged over the config file."""
+
+    config: SupervisorConfig
+    server_command: tuple[str, ...]
+    server_args: tuple[str, ...]
+    state_dir: Path
+    config_dir: Path | None = None
+
+    @property
+    def run(self) -> RunConfig:
+        return self.config.run
+
+    @property
+    def instance(self) -> str:
+        return self.config.run.name
+
+
+def default_server_command() -> tuple[str, ...]:
+    return (sys.executable, "-m", "sglang.launch_server")
+
+
+def check_server_command(command: Sequence[str]) -> None:
+    """Raises ConfigError naming the path and the reason when the command cannot be executed."""
+    if not command:
+        raise ConfigError("the server command is empty ([server] command or --server-command)")
+    exe = command[0]
+    if "/" not in exe:
+        if shutil.which(exe) is None:
+            raise ConfigError(f"server command {exe!r}: not found on PATH")
+        return
+    path = Path(exe)
+    if not path.exists():
+        raise ConfigError(f"server command {exe}: no such file")
+    if path.is_dir() or not os.access(path, os.X_OK):
+        raise ConfigError(f"server command {exe}: not an executable file (permission denied)")
+
+
+def server_env(
+    settings: RunSettings, run_id: str, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The server's environment: ours + [server] env + crash-dump switches + run markers."""
+    env = dict(os.environ if base is None else base)
+    for name in _SYSTEMD_ONLY_ENV:
+        env.pop(name, None)
+    extra = dict(settings.config.server.env)
+    if not settings.config.server.crash_dumps:
+        env.update({k: v for k, v in CRASH_DUMP_ENV.items() if k not in extra})
+    env.update(extra)
+    env[INSTANCE_ENV] = settings.instance
+    env[RUN_ENV] = run_id
+    return env
+
+
+def describe_settings(settings: RunSettings, plan: LaunchPlan) -> dict[str, Any]:
+    """The effective settings for the one `settings` log event, secrets redacted."""
+    return {
+        "server_command": list(settings.server_command),
+        "server_args": list(redact_argv(settings.server_args)),
+        "server_env": redact_env(settings.config.server.env),
+        "crash_dumps": settings.config.server.crash_dumps,
+        "state_dir": str(settings.state_dir),
+        "gpu_backend": settings.config.gpu.backend,
+        "gpus": list(plan.local_gpu_ids()),
+        "local_ranks": plan.local_ranks,
+        "run": {k: v for k, v in dataclasses.asdict(settings.run).items() if k not in ("name",)},
+    }
+
+
+def resolve_gpu_backend(backend: str) -> str:
+    """`auto` -> nvml when libnvidia-ml is installed, else none. Decided without nvmlInit in the
+    supervisor process (NVML can hang after GPU faults; the guard worker isolates it)."""
+    if backend != "auto":
+        return backend
+    return "nvml" if ctypes.util.find_library("nvidia-ml") else "none"
+
+
+def apply_override(argv: Sequence[str], state: RunState) -> tuple[str, ...]:
+    """The watchdog's --hicache-size override from the state file, applied to argv."""
+    if state.hicache_size_override_gb is None:
+        return tuple(argv)
+    new = with_flag_value(argv, "--hicache-size", str(state.hicache_size_override_gb))
+    log.warning(
+        "hicache_override_applied",
+        hicache_size_gb=state.hicache_size_override_gb,
+        reason=state.override_reason,
+        hint="`sglang-supervisor reset-state` clears it",
+    )
+    return new
+
+
+def preflight_gate(
+    settings: RunSettings,
+    argv: Sequence[str],
+    sensor: GpuSensor | None,
+) -> tuple[tuple[str, ...], FitReport | None]:
+    """Run the pre-flight; the argv to launch (maybe auto-sized) and the report it rests on.
+
+    Raises:
+        PreflightFailed: no fit, and neither --auto-size could fix it nor --force was given.
+        ConfigError: the pre-flight could not run (bad argv, model config not found) without
+            --force.
+    """
+    from supervisor.preflight import run_preflight  # the pre-flight pulls in model geometry
+
+    run = settings.run
+    try:
+        report = run_preflight(
+            settings.config, argv, gpu_sensor=sensor, config_dir=settings.config_dir
+        )
+    except ConfigError as exc:
+        if not run.force:
+            raise
+        log.warning("preflight_skipped", reason=str(exc), forced=True)
+        return tuple(argv), None
+    if report.fits:
+        log.info("preflight_passed", required_bytes=report.host_required_bytes)
+        return tuple(argv), report
+    failed = [c.detail for c in report.checks if c.status.value == "fail"]
+    if run.auto_size and report.max_hicache_size_gb > 0:
+        sized = with_flag_value(argv, "--hicache-size", str(report.max_hicache_size_gb))
+        log.warning(
+            "auto_sized",
+            hicache_size_gb=report.max_hicache_size_gb,
+            failed_checks=failed,
+            argv=list(redact_argv(sized)),
+        )
+        again = run_preflight(
+            settings.config, sized, gpu_sensor=sensor, config_dir=settings.config_dir
+        )
+        if again.fits or run.force:
+            return sized, again
+        report = again
+        failed = [c.detail for c in report.checks if c.status.value == "fail"]
+    if run.force:
+        log.warning("preflight_failed_forced", failed_checks=failed)
+        return tuple(argv), report
+    raise PreflightFailed(
+        "the pre-flight refuses this launch (--auto-size or --force to override):\n"
+        + report.render_table()
+    )
+
+
+def find_leftovers(
+    proc: ProcReader,
+    state: RunState,
+    instance: str,
+    gpu_states: Iterable[Any] | None,
+    gpu_indices: Sequence[int],
+) -> tuple[ProcessInfo, ...]:
+    """Processes of an earlier run of this instance: recorded PIDs (start time checked), our
+    environment marker, or an SGLang title on one of the target GPUs."""
+    recorded = [(p.pid, p.start_ticks) for p in state.server_pids]
+    found = {p.pid: p for p in proc.find_leftovers(instance=instance, recorded=recorded)}
+    for pid in _gpu_pids(gpu_states, gpu_indices):
+        info = proc.read_process(pid)
+        if info is not None and pid != os.getpid() and is_sglang_title(info.title):
+            found.setdefault(pid, info)
+    return tuple(found[pid] for pid in sorted(found))
+
+
+def foreign_gpu_holders(
+    proc: ProcReader,
+    gpu_states: Iterable[Any] | None,
+    gpu_indices: Sequence[int],
+    ours: Iterable[int] = (),
+) -> tuple[ProcessInfo, ...]:
+    """Live processes on the target GPUs that are not ours (NVML's lists)."""
+    mine = set(ours) | {os.getpid()}
+    infos = (proc.read_process(pid) for pid in _gpu_pids(gpu_states, gpu_indices) - mine)
+    return tuple(sorted((i for i in infos if i is not None), key=lambda i: i.pid))
+
+
+def _gpu_pids(gpu_states: Iterable[Any] | None, gpu_indices: Sequence[int]) -> set[int]:
+    wanted = set(gpu_indices)
+    return {p.pid for g in gpu_states or () if g.index in wanted for p in g.processes}
+
+
+def kill_processes(
+    procs: Sequence[ProcessInfo], proc: ProcReader, clock: Clock, timeout_s: float
+) -> tuple[int, ...]:
+    """SIGKILL `procs` and wait until they are gone; the PIDs still present at the deadline."""
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p.pid, signal.SIGKILL)
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        left = [
+            p.pid
+            for p in procs
+            if (now := proc.read_process(p.pid)) is not None and not now.is_zombie
+        ]
+        _reap_children(p.pid for p in procs)
+        if not left or clock.monotonic() >= deadline:
+            return tuple(left)
+        clock.sleep(0.05)
+
+
+def _reap_children(pids: Iterable[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,177 @@
+"""One launched server, watched tick by tick: exit status, rank processes, health, startup
+progress. Returns what it saw; the runner (supervisor/runner.py) changes state and acts.
+
+Health probes run on a worker thread (a probe may take the full 25 s timeout) so that a tick,
+and with it signal handling and rank checks, never waits on HTTP.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from supervisor.adapters.server_process import ServerProcess
+from supervisor.config import RunConfig
+from supervisor.core.classify import FailureKind
+from supervisor.core.lifecycle import (
+    HealthStatus,
+    ServerState,
+    StartupVerdict,
+    StartupWatch,
+    state_for_startup_probe,
+)
+from supervisor.core.liveness import RankProblem, judge_ranks
+from supervisor.core.readings import GpuState
+from supervisor.core.units import MiB
+from supervisor.ports import Clock
+
+# Memory counts as load progress only when it passes the previous peak by this much: a loading
+# rank grows by GBs, an idle Python process wobbles by a few MiB.
+PROGRESS_MIN_GROWTH_BYTES = 64 * MiB
+# Readiness polling while loading: often enough to notice "ready" quickly, cheap for a 20-min load.
+STARTUP_POLL_S = 1.0
+
+_RANK_KIND = {
+    RankProblem.MISSING: FailureKind.RANK_CRASH,
+    RankProblem.ZOMBIE: FailureKind.RANK_ZOMBIE,
+    RankProblem.STOPPED: FailureKind.RANK_STOPPED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """The server is dead: `observed` is what the supervisor saw (None: it exited by itself)."""
+
+    observed: FailureKind | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    death: Death | None = None
+    new_state: ServerState | None = None  # a startup state change the probe revealed
+    progressed_s_left: float | None = None  # while loading: seconds until the startup deadline
+
+
+class LaunchMonitor:
+    """Tick logic for one launch; owns the probe thread and the startup watch."""
+
+    def __init__(
+        self,
+        server: ServerProcess,
+        *,
+        run: RunConfig,
+        expected_ranks: int,
+        probe: Callable[[], HealthStatus],
+        clock: Clock,
+        gpu_used_bytes: Callable[[], int] | None = None,
+    ) -> None:
+        self.server = server
+        self.run = run
+        self.expected_ranks = expected_ranks
+        self.clock = clock
+        self.gpu_used_bytes = gpu_used_bytes
+        self._probe = probe
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="health-probe")
+        self._pending: concurrent.futures.Future[HealthStatus] | None = None
+        self._last_probe_s = float("-inf")
+        self.watch = StartupWatch.begin(clock.monotonic())
+        self.state = ServerState.LAUNCHING
+        self.all_ranks_seen = False
+        self.failures = 0
+        self.ready_since_s: float | None = None
+
+    @property
+    def tick_s(self) -> float:
+        return min(STARTUP_POLL_S, self.run.health_interval_s)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def tick(self) -> TickResult:
+        """Read everything once and say what changed."""
+        now = self.clock.monotonic()
+        status = self.server.poll()
+        if status is not None:
+            return TickResult(death=Death(None, "the server's main process exited"))
+        tree = self.server.tree()
+        verdict = judge_ranks(tree, self.expected_ranks, self.all_ranks_seen)
+        if verdict.problem is RankProblem.OK:
+            self.all_ranks_seen = True
+        if verdict.is_dead:
+            return TickResult(death=Death(_RANK_KIND[verdict.problem], verdict.detail))
+        answer = self._collect_probe()
+        if self.state is ServerState.READY:
+            return self._liveness(answer)
+        return self._startup(
+            answer, now, tree_bytes=sum(p.charged_bytes + p.rss_file_bytes for p in tree)
+        )
+
+    def mark_state(self, state: ServerState) -> None:
+        self.state = state
+        if state is ServerState.READY:
+            self.ready_since_s = self.clock.monotonic()
+            self.all_ranks_seen = True
+
+    # -- startup -------------------------------------------------------------------------
+
+    def _startup(self, answer: HealthStatus | None, now: float, tree_bytes: int) -> TickResult:
+        self._maybe_probe(now, interval_s=self.tick_s)
+        gpu = self.gpu_used_bytes() if self.gpu_used_bytes is not None else 0
+        self.watch = self.watch.observe(
+            now, tree_bytes + gpu, self.server.output_lines, PROGRESS_MIN_GROWTH_BYTES
+        )
+        new_state = state_for_startup_probe(answer) if answer is not None else None
+        if new_state is ServerState.WARMING and self.state is ServerState.WARMING:
+            new_state = None
+        if new_state is None and self.state is ServerState.LAUNCHING:
+            new_state = ServerState.LOADING
+        if new_state is ServerState.READY:
+            return TickResult(new_state=new_state)
+        run = self.run
+        verdict = self.watch.verdict(now, run.startup_stall_timeout_s, run.startup_timeout_s)
+        if verdict is StartupVerdict.STALLED:
+            detail = f"no progress for {run.startup_stall_timeout_s:g} s while loading"
+            return TickResult(death=Death(FailureKind.STARTUP_STALL, detail))
+        if verdict is StartupVerdict.TIMED_OUT:
+            detail = f"not ready after {run.startup_timeout_s:g} s"
+            return TickResult(death=Death(FailureKind.STARTUP_TIMEOUT, detail))
+        left = self.watch.time_left_s(now, run.startup_stall_timeout_s, run.startup_timeout_s)
+        return TickResult(new_state=new_state, progressed_s_left=left)
+
+    # -- after ready ---------------------------------------------------------------------
+
+    def _liveness(self, answer: HealthStatus | None) -> TickResult:
+        self._maybe_probe(self.clock.monotonic(), interval_s=self.run.health_interval_s)
+        if answer is None:
+            return TickResult()
+        if answer is HealthStatus.READY:
+            self.failures = 0
+            return TickResult()
+        self.failures += 1
+        if self.failures >= self.run.failure_threshold:
+            detail = f"{self.failures} consecutive failed health checks (last: {answer.value})"
+            return TickResult(death=Death(FailureKind.HEALTH_TIMEOUT, detail))
+        return TickResult()
+
+    # -- probe thread --------------------------------------------------------------------
+
+    def _maybe_probe(self, now: float, interval_s: float) -> None:
+        if self._pending is None and now - self._last_probe_s >= interval_s:
+            self._last_probe_s = now
+            self._pending = self._pool.submit(self._probe)
+
+    def _collect_probe(self) -> HealthStatus | None:
+        if self._pending is None or not self._pending.done():
+            return None
+        future, self._pending = self._pending, None
+        try:
+            return future.result()
+        except Exception:  # noqa: BLE001 - a probe bug counts as a failed check, never a crash
+            return HealthStatus.ERROR
+
+
+def gpu_used_on(gpus: tuple[GpuState, ...] | None, indices: tuple[int, ...]) -> int:
+    wanted = set(indices)
+    return sum(g.used_bytes for g in gpus or () if g.index in wanted)

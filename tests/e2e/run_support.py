@@ -1,0 +1,219 @@
+"""Run the real `python -m supervisor run` against the simulated SGLang server (tests of issue 4).
+
+The supervisor logs JSON lines to a file; tests wait on its events. Processes of a test carry
+the leak guard's marker in their environment (tests/conftest.py), which is how "no process of
+the tree left" is checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.testing.support import MARKER_ENV, fake_server_env
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_CONFIG = ROOT / "configs" / "models" / "llama-3-70b" / "config.json"
+SERVER_COMMAND = f"{sys.executable} -m supervisor.testing.fake_sglang"
+
+# Tiny timings: health every 0.2 s, a restart after 0.1 s; pre-flight overheads shrunk so the
+# simulated 2-rank server fits any test machine; the watchdog and GPUs are other tests' subject.
+CONFIG = """
+[server]
+model_config = "{model_config}"
+env = {{ HF_TOKEN = "hf_e2e_secret_token" }}
+
+[preflight]
+reserve = "0B"
+per_rank_overhead = "1MiB"
+main_overhead = "1MiB"
+
+[run]
+name = "e2e"
+state_dir = "{state_dir}"
+health_interval = "0.2s"
+health_timeout = "2s"
+failure_threshold = 3
+stop_grace = "5s"
+backoff_initial = "0.1s"
+backoff_max = "0.4s"
+startup_stall_timeout = "30s"
+
+[watchdog]
+enabled = false
+
+[gpu]
+backend = "none"
+"""
+
+
+@dataclass
+class Supervisor:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    state_dir: Path
+    port: int
+    marker: str
+    notify: socket.socket | None = None
+    datagrams: list[str] = field(default_factory=list)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_text().splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(event, dict) and (name is None or event.get("event") == name):
+                out.append(event)
+        return out
+
+    def wait_event(self, name: str, count: int = 1, timeout_s: float = 30.0) -> dict[str, Any]:
+        events = wait_until(
+            lambda: found if len(found := self.events(name)) >= count else None,
+            timeout_s=timeout_s,
+            what=f"{count} {name!r} event(s) (log tail: {self.log_text()[-600:]!r})",
+        )
+        assert events is not None
+        return events[count - 1]
+
+    def state(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.state_dir / "state.json").read_text())
+        return data
+
+    def received(self) -> list[str]:
+        """sd_notify datagrams received so far."""
+        assert self.notify is not None
+        while True:
+            try:
+                self.datagrams.append(self.notify.recv(4096).decode())
+            except BlockingIOError:
+                return self.datagrams
+
+    def tree(self) -> list[int]:
+        """Live processes of this test other than the supervisor (the server tree)."""
+        return [pid for pid in marked_pids(self.marker) if pid != self.proc.pid]
+
+    def schedulers(self) -> dict[str, int]:
+        out = {}
+        for pid in self.tree():
+            title = _cmdline(pid)
+            if title.startswith("sglang::scheduler"):
+                out[title] = pid
+        return out
+
+    # -- acting --------------------------------------------------------------------------
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose environment carries the test's marker."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and stat[stat.rfind(")") + 2] not in "ZX":
+            found.append(int(entry.name))
+    return found
+
+
+def write_config(tmp_path: Path, state_dir: Path, extra: str = "") -> Path:
+    path = tmp_path / f"run-{uuid.uuid4().hex[:6]}.toml"
+    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir)
+    path.write_text(text + extra)
+    return path
+
+
+@contextlib.contextmanager
+def supervisor(
+    tmp_path: Path,
+    port: int,
+    marker: str,
+    *,
+    scenario: Mapping[str, Any] | None = None,
+    server_args: Sequence[str] = ("--tp", "2"),
+    options: Sequence[str] = (),
+    state_dir: Path | None = None,
+    notify: bool = False,
+) -> Iterator[Supervisor]:
+    """Start `python -m supervisor run` on the simulated server; at exit make sure that it and
+    its tree are gone (SIGKILL whatever is left, then wait for the tree)."""
+    state_dir = state_dir or tmp_path / "state"
+    config = write_config(tmp_path, state_dir)
+    log_path = tmp_path / f"supervisor-{uuid.uuid4().hex[:6]}.log"
+    env = fake_server_env(scenario)
+    notify_sock = None
+    if notify:
+        notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        name = f"sglang-supervisor-e2e-{uuid.uuid4().hex}"
+        notify_sock.bind(b"\0" + name.encode())
+        notify_sock.setblocking(False)
+        env["NOTIFY_SOCKET"] = "@" + name
+    argv = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "run",
+        "--config",
+        str(config),
+        "--server-command",
+        SERVER_COMMAND,
+        "--log-format",
+        "json",
+        *options,
+        "--",
+        "--model-path",
+        "fake/model",
+        "--port",
+        str(port),
+        *server_args,
+    ]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    sup = Supervisor(proc, log_path, state_dir, port, marker, notify=notify_sock)
+    try:
+        yield sup
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        for pid in marked_pids(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if notify_sock is not None:
+            notify_sock.close()

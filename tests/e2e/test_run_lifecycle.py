@@ -1,0 +1,134 @@
+"""`sglang-supervisor run` end to end against the simulated server: ready, stop, SIGKILL of the
+supervisor, escapees, leftovers of an earlier run, secrets (issue 4, "Done when")."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.e2e.run_support import marked_pids, supervisor
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_ready_sends_ready_1_and_sigterm_stops_everything_with_exit_0(
+    tmp_path, free_port, simulated_process_guard
+):
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        notify=True,
+        server_args=("--tp", "2", "--api-key", "sk-e2e-api-key-123"),
+    ) as sup:
+        sup.wait_event("ready")
+        wait_until(
+            lambda: any("READY=1" in d for d in sup.received()),
+            timeout_s=10,
+            what="READY=1 datagram",
+        )
+        ready = next(d for d in sup.received() if "READY=1" in d)
+        assert "STATUS=ready" in ready
+        assert set(sup.schedulers()) == {"sglang::scheduler_TP0", "sglang::scheduler_TP1"}
+        state = sup.state()
+        assert state["run_id"] == sup.events("ready")[0]["run_id"]
+        assert {p["pid"] for p in state["server_pids"]} >= set(sup.schedulers().values())
+
+        sup.signal(signal.SIGTERM)
+        assert sup.wait_exit() == 0
+        assert sup.tree() == []
+        assert any(d.startswith("STOPPING=1") for d in sup.received())
+        names = [e["event"] for e in sup.events() if e["event"] != "server_output"]
+        for expected in ("settings", "launching", "loading", "ready", "stopping", "stopped"):
+            assert expected in names
+        # Secrets never reach the log or the state file.
+        for text in (sup.log_text(), (sup.state_dir / "state.json").read_text()):
+            assert "sk-e2e-api-key-123" not in text
+            assert "hf_e2e_secret_token" not in text
+        assert sup.events("settings")[0]["server_env"] == {"HF_TOKEN": "***"}
+
+
+def test_sigterm_while_loading_exits_0_and_leaves_nothing(
+    tmp_path, free_port, simulated_process_guard
+):
+    with supervisor(
+        tmp_path, free_port, simulated_process_guard, scenario={"startup_s": 60}
+    ) as sup:
+        sup.wait_event("loading")
+        wait_until(lambda: len(sup.schedulers()) == 2, timeout_s=20, what="ranks spawned")
+        sup.signal(signal.SIGTERM)
+        assert sup.wait_exit() == 0
+        assert sup.tree() == []
+        assert not sup.events("ready")
+
+
+def test_sigkill_of_the_supervisor_takes_the_tree_down_within_5_s(
+    tmp_path, free_port, simulated_process_guard
+):
+    with supervisor(tmp_path, free_port, simulated_process_guard) as sup:
+        sup.wait_event("ready")
+        assert len(sup.tree()) >= 3
+        sup.signal(signal.SIGKILL)
+        sup.wait_exit()
+        wait_until(lambda: not sup.tree(), timeout_s=5, what="server tree gone after SIGKILL")
+
+
+@pytest.mark.parametrize("kind", ["setsid", "double_fork"])
+def test_escapees_of_the_group_are_found_and_killed_at_stop(
+    tmp_path, free_port, simulated_process_guard, kind
+):
+    scenario = {"orphan": {"kind": kind, "after_s": 0.0}}
+    with supervisor(tmp_path, free_port, simulated_process_guard, scenario=scenario) as sup:
+        sup.wait_event("ready")
+        pgids = wait_until(
+            lambda: g if len(g := {_pgid(p) for p in sup.tree()} - {None}) >= 2 else None,
+            timeout_s=20,
+            what="an orphan outside the server's process group",
+        )
+        assert pgids is not None
+        sup.signal(signal.SIGTERM)
+        assert sup.wait_exit() == 0
+        assert sup.tree() == []
+
+
+def test_a_leftover_of_an_earlier_run_is_killed_before_the_new_launch(
+    tmp_path, free_port, simulated_process_guard
+):
+    state_dir = tmp_path / "shared-state"
+    scenario = {"orphan": {"kind": "setsid", "after_s": 0.0, "lifetime_s": 60}}
+    marker = simulated_process_guard
+    with supervisor(tmp_path, free_port, marker, scenario=scenario, state_dir=state_dir) as first:
+        first.wait_event("ready")
+        wait_until(
+            lambda: len({_pgid(p) for p in first.tree()} - {None}) >= 2,
+            timeout_s=20,
+            what="the orphan",
+        )
+        first.signal(signal.SIGKILL)
+        first.wait_exit()
+        # The server tree follows the supervisor (PDEATHSIG); the escapee does not.
+        leftover = wait_until(
+            lambda: t if len(t := first.tree()) == 1 else None,
+            timeout_s=10,
+            what="only the escapee left",
+        )
+        assert leftover is not None
+        with supervisor(tmp_path, free_port, marker, state_dir=state_dir) as second:
+            found = second.wait_event("leftovers_found")
+            assert leftover[0] in found["pids"]
+            second.wait_event("ready")
+            assert leftover[0] not in marked_pids(marker)
+            events = [e["event"] for e in second.events()]
+            assert events.index("leftovers_killed") < events.index("launching")
+            second.signal(signal.SIGTERM)
+            assert second.wait_exit() == 0
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

@@ -1,0 +1,107 @@
+"""`sglang-supervisor run` end to end: deaths are classified and restarted with backoff, a bad
+flag is never retried (exit 3), a crash loop ends with exit 5 (issue 4, "Done when")."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.e2e.run_support import supervisor
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_killed_rank_gets_the_whole_tree_replaced_with_new_pids(
+    tmp_path, free_port, simulated_process_guard
+):
+    with supervisor(tmp_path, free_port, simulated_process_guard) as sup:
+        sup.wait_event("ready")
+        before = set(sup.tree())
+        os.kill(sup.schedulers()["sglang::scheduler_TP1"], signal.SIGKILL)
+        failed = sup.wait_event("server_failed")
+        assert failed["failure"] in ("rank_crash", "exited_unexpectedly")
+        restarting = sup.wait_event("restarting")
+        assert restarting["restart_count"] == 1
+        sup.wait_event("ready", count=2)
+        after = set(sup.tree())
+        assert len(after) >= 3
+        assert not before & after  # every process of the tree is new
+        assert sup.state()["restart_count"] == 1
+        sup.signal(signal.SIGTERM)
+        assert sup.wait_exit() == 0
+
+
+@pytest.mark.parametrize(
+    ("scenario", "failure"),
+    [
+        ({"zombie": {"rank": 1, "after_s": 0.3}}, "rank_zombie"),
+        ({"hang": {"rank": 0, "after_s": 0.3}}, "rank_stopped"),
+        ({"health_fail_after_s": 0.3}, "health_timeout"),
+    ],
+)
+def test_zombie_stopped_rank_and_failing_health_are_deaths_that_restart(
+    tmp_path, free_port, simulated_process_guard, scenario, failure
+):
+    # A long backoff: the supervisor is stopped while it waits, which must also exit 0.
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario=scenario,
+        options=("--backoff-initial", "60s", "--backoff-max", "60s"),
+    ) as sup:
+        failed = sup.wait_event("server_failed")
+        assert failed["failure"] == failure
+        restarting = sup.wait_event("restarting")
+        assert restarting["delay_s"] == 60
+        assert sup.state()["last_failure"] == failure
+        assert sup.tree() == []  # the dead tree was killed before the backoff
+        sup.signal(signal.SIGTERM)
+        assert sup.wait_exit() == 0
+        if failure == "health_timeout":
+            unhealthy = sup.events("unhealthy")[0]
+            assert "3 consecutive failed health checks" in unhealthy["detail"]
+
+
+def test_a_bad_flag_is_never_retried_and_sglangs_message_is_shown(
+    tmp_path, free_port, simulated_process_guard
+):
+    scenario = {"bad_flags": ["--no-such-flag"]}
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario=scenario,
+        server_args=("--tp", "2", "--no-such-flag"),
+    ) as sup:
+        assert sup.wait_exit() == 3
+        assert len(sup.events("launching")) == 1
+        assert sup.events("server_failed")[0]["failure"] == "bad_flags"
+        # The operator sees SGLang's own argparse message in the supervisor's final words.
+        final = sup.log_text().split("sglang-supervisor: SGLang rejected its arguments")[-1]
+        assert "unrecognized arguments: --no-such-flag" in final
+        assert sup.tree() == []
+
+
+def test_a_crash_loop_backs_off_doubling_then_exits_5(tmp_path, free_port, simulated_process_guard):
+    scenario = {"startup_s": 0.0, "crash": {"rank": 0, "after_s": 0.2, "exit_code": 1}}
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario=scenario,
+        options=("--max-restarts", "3"),
+    ) as sup:
+        assert sup.wait_exit(timeout_s=60) == 5
+        delays = [e["delay_s"] for e in sup.events("restarting")]
+        assert delays == [0.1, 0.2, 0.4]
+        assert len(sup.events("launching")) == 4
+        loop = sup.events("crash_loop")
+        assert len(loop) == 1
+        assert loop[0]["restarts_in_window"] == 3
+        assert sup.state()["restart_count"] == 3
+        assert "crash loop" in sup.log_text().strip().splitlines()[-1]
+        wait_until(lambda: not sup.tree(), timeout_s=5, what="no process left")
