@@ -5,29 +5,26 @@ watchdog's --hicache-size override. The loop that uses them is supervisor/runner
 
 from __future__ import annotations
 
-import contextlib
 import ctypes.util
 import dataclasses
 import os
 import shutil
-import signal
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, ProcReader
+from supervisor.adapters.server_process import ServerProcess
 from supervisor.config import RunConfig, SupervisorConfig
 from supervisor.core.checks import FitReport
-from supervisor.core.liveness import is_sglang_title
-from supervisor.core.readings import ProcessInfo
 from supervisor.core.redact import redact_env
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
-from supervisor.ports import Clock, GpuSensor
-from supervisor.state import RunState
+from supervisor.ports import GpuSensor
+from supervisor.state import ProcessRef, RunState, StateStore
 
 log = structlog.get_logger("supervisor.run")
 
@@ -36,9 +33,6 @@ log = structlog.get_logger("supervisor.run")
 CRASH_DUMP_ENV = {"SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0", "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0"}
 # systemd's variables are for the supervisor only (NotifyAccess=main): the server must not ping.
 _SYSTEMD_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-# Leftovers of an earlier run are SIGKILLed; how long to wait for them to exit. Processes stuck
-# in D state while the kernel unpins take longer; the GPU release wait covers those.
-LEFTOVER_EXIT_WAIT_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,62 +179,66 @@ def preflight_gate(
     )
 
 
-def find_leftovers(
+def start_server(
+    settings: RunSettings,
+    run_id: str,
+    argv: Sequence[str],
+    *,
+    redact: Callable[[str], str],
     proc: ProcReader,
-    state: RunState,
-    instance: str,
-    gpu_states: Iterable[Any] | None,
+) -> ServerProcess:
+    """Start the server command with `argv`; its output goes to our log as server_output.
+
+    Raises:
+        ConfigError: the command cannot be executed (the path and the reason named).
+    """
+    command = (*settings.server_command, *argv)
+    server_log = log.bind(run_id=run_id)
+    try:
+        return ServerProcess.start(
+            command,
+            server_env(settings, run_id),
+            run_id=run_id,
+            sink=lambda line: server_log.info("server_output", line=line),
+            redact=redact,
+            oom_score_adj=settings.run.oom_score_adj,
+            proc=proc,
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"server command {command[0]} cannot be executed: {exc.strerror or exc}"
+        ) from None
+
+
+def record_launch(
+    store: StateStore,
+    settings: RunSettings,
+    server: ServerProcess,
+    *,
+    restart_count: int,
     gpu_indices: Sequence[int],
-) -> tuple[ProcessInfo, ...]:
-    """Processes of an earlier run of this instance: recorded PIDs (start time checked), our
-    environment marker, or an SGLang title on one of the target GPUs."""
-    recorded = [(p.pid, p.start_ticks) for p in state.server_pids]
-    found = {p.pid: p for p in proc.find_leftovers(instance=instance, recorded=recorded)}
-    for pid in _gpu_pids(gpu_states, gpu_indices):
-        info = proc.read_process(pid)
-        if info is not None and pid != os.getpid() and is_sglang_title(info.title):
-            found.setdefault(pid, info)
-    return tuple(found[pid] for pid in sorted(found))
+) -> None:
+    """The new run in the state file: run id, restart count, the server's PID (start time)."""
+    start = server.proc.start_ticks(server.pid) or 0
+    ref = ProcessRef(pid=server.pid, start_ticks=start, title="server")
+    store.update(
+        lambda state: dataclasses.replace(
+            state,
+            instance=settings.instance,
+            run_id=server.run_id,
+            supervisor_pid=os.getpid(),
+            restart_count=restart_count,
+            server_pids=(ref,),
+            gpu_indices=tuple(gpu_indices),
+        )
+    )
 
 
-def foreign_gpu_holders(
-    proc: ProcReader,
-    gpu_states: Iterable[Any] | None,
-    gpu_indices: Sequence[int],
-    ours: Iterable[int] = (),
-) -> tuple[ProcessInfo, ...]:
-    """Live processes on the target GPUs that are not ours (NVML's lists)."""
-    mine = set(ours) | {os.getpid()}
-    infos = (proc.read_process(pid) for pid in _gpu_pids(gpu_states, gpu_indices) - mine)
-    return tuple(sorted((i for i in infos if i is not None), key=lambda i: i.pid))
-
-
-def _gpu_pids(gpu_states: Iterable[Any] | None, gpu_indices: Sequence[int]) -> set[int]:
-    wanted = set(gpu_indices)
-    return {p.pid for g in gpu_states or () if g.index in wanted for p in g.processes}
-
-
-def kill_processes(
-    procs: Sequence[ProcessInfo], proc: ProcReader, clock: Clock, timeout_s: float
-) -> tuple[int, ...]:
-    """SIGKILL `procs` and wait until they are gone; the PIDs still present at the deadline."""
-    for p in procs:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(p.pid, signal.SIGKILL)
-    deadline = clock.monotonic() + timeout_s
-    while True:
-        left = [
-            p.pid
-            for p in procs
-            if (now := proc.read_process(p.pid)) is not None and not now.is_zombie
-        ]
-        _reap_children(p.pid for p in procs)
-        if not left or clock.monotonic() >= deadline:
-            return tuple(left)
-        clock.sleep(0.05)
-
-
-def _reap_children(pids: Iterable[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
+def record_tree(store: StateStore, server: ServerProcess) -> None:
+    """Every PID of the ready tree with its start time: a later run finds leftovers by them."""
+    refs = tuple(
+        ProcessRef(pid=p.pid, start_ticks=ticks, title=p.title[:60])
+        for p in server.tree()
+        if (ticks := server.proc.start_ticks(p.pid)) is not None
+    )
+    store.update(lambda state: dataclasses.replace(state, server_pids=refs))

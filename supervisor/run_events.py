@@ -12,9 +12,13 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from supervisor.core.sglang_args import LaunchPlan
 from supervisor.ports import Clock
+
+if TYPE_CHECKING:
+    from supervisor.adapters.server_process import ServerProcess
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -41,6 +45,33 @@ class ComponentEvent(Protocol):
 
 Event = Any  # SignalEvent | ComponentEvent: the queue carries both
 EventQueue = queue.SimpleQueue  # alias for annotations: EventQueue[Event]
+
+
+class Component(Protocol):
+    """Something started beside a launched server (the memory watchdog); stopped before the
+    next launch. It may kill the tree itself (server.kill_all) and post an event."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout_s: float = ...) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchInfo:
+    """What a component factory gets to know about a launch."""
+
+    run_id: str
+    argv: tuple[str, ...]  # launch_server's argv as launched (override/auto-size applied)
+    plan: LaunchPlan  # parsed from that argv
+    expected_total_bytes: int | None  # the pre-flight's host total for the tree, when it ran
+    state_dir: str
+
+
+# (server, post, info) -> component or None; `post` puts an event on the runner's queue and is
+# safe from any thread.
+ComponentFactory = Callable[
+    ["ServerProcess", Callable[[Any], None], LaunchInfo], "Component | None"
+]
 
 
 class StopRequested(Exception):

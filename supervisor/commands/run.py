@@ -200,6 +200,9 @@ def run(
         gpu_backend=gpu_backend,
         run_options=run_options,
     )
+    from supervisor.protection import check_protection_config
+
+    check_protection_config(settings.config)
     configure_logging(settings.run.log_format, settings.run.log_level)
     store = StateStore(settings.state_dir)
     store.ensure_writable()
@@ -210,20 +213,16 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
     from supervisor import launch
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.gpu_guard import GuardedGpuSensor
-    from supervisor.adapters.gpu_reset import CommandGpuResetter
     from supervisor.adapters.health import HttpHealthProbe, health_url
     from supervisor.adapters.systemd import SdNotifier
+    from supervisor.protection import Protection
     from supervisor.runner import Runner
 
     log = structlog.get_logger("supervisor.run")
     gpu = settings.config.gpu
     backend = launch.resolve_gpu_backend(gpu.backend)
     sensor = None if backend == "none" else GuardedGpuSensor(backend, timeout_s=gpu.nvml_timeout_s)
-    resetter = (
-        CommandGpuResetter(gpu.reset_command, timeout_s=gpu.reset_timeout_s)
-        if gpu.reset_command
-        else None
-    )
+    protection = Protection(settings, sensor=sensor)
     run_cfg: RunConfig = settings.run
 
     def probe_factory(plan: Any) -> Callable[[], Any]:
@@ -237,8 +236,10 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
         sensor=sensor,
         notifier=SdNotifier(),
         probe_factory=probe_factory,
-        components=_components(settings, sensor),
-        resetter=resetter,
+        components=protection.components,
+        death_hooks=protection.death_hooks,
+        resetter=protection.resetter,
+        release_hooks=(protection.record_release,),
     )
     from supervisor.core.sglang_args import parse_launch_args
 
@@ -253,47 +254,3 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
     finally:
         if sensor is not None:
             sensor.close()
-
-
-def _components(settings: RunSettings, sensor: Any) -> list[Any]:
-    """The memory watchdog beside every launch, unless [watchdog] enabled = false."""
-    if not settings.config.watchdog.enabled:
-        return []
-    from supervisor.core.policy import Level, Limits, tree_kill_line
-    from supervisor.core.units import GB
-    from supervisor.watchdog import MemoryWatchdog
-
-    cfg = settings.config.watchdog
-
-    def level(size: int, percent: float) -> Level:
-        return Level(bytes_=size or None, percent=percent or None)
-
-    def make(server: Any, post: Callable[[Any], None], info: Any) -> MemoryWatchdog:
-        budget = info.expected_total_bytes
-        limits = Limits(
-            warn=level(cfg.warn_bytes, cfg.warn_percent),
-            terminate=level(cfg.terminate_bytes, cfg.terminate_percent),
-            kill=level(cfg.kill_bytes, cfg.kill_percent),
-            tree_budget_bytes=budget,
-            tree_kill_bytes=(
-                tree_kill_line(budget, cfg.tree_margin_percent, cfg.tree_margin_bytes)
-                if budget
-                else None
-            ),
-            psi_full_warn_percent=cfg.psi_full_warn_percent or None,
-            warn_ticks=cfg.warn_ticks,
-            terminate_grace_s=cfg.terminate_grace_s,
-            worst_ramp_bytes_per_s=cfg.ramp_gb_per_second * GB,
-            min_interval_s=cfg.min_interval_s,
-            max_interval_s=cfg.max_interval_s,
-        )
-        return MemoryWatchdog(
-            server,
-            limits,
-            post=post,
-            gpu_snapshot=getattr(sensor, "last_snapshot", None),
-            state_dir=Path(info.state_dir),
-            run_id=info.run_id,
-        )
-
-    return [make]
