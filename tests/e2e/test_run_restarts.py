@@ -105,3 +105,34 @@ def test_a_crash_loop_backs_off_doubling_then_exits_5(tmp_path, free_port, simul
         assert sup.state()["restart_count"] == 3
         assert "crash loop" in sup.log_text().strip().splitlines()[-1]
         wait_until(lambda: not sup.tree(), timeout_s=5, what="no process left")
+
+
+def test_a_load_without_progress_is_a_startup_stall_and_is_restarted(
+    tmp_path, free_port, simulated_process_guard
+):
+    options = ("--startup-stall-timeout", "1s", "--backoff-initial", "60s", "--backoff-max", "60s")
+    with supervisor(
+        tmp_path, free_port, simulated_process_guard, scenario={"startup_s": 60}, options=options
+    ) as sup:
+        failed = sup.wait_event("server_failed")
+        assert failed["failure"] == "startup_stall"
+        sup.wait_event("restarting")
+        assert sup.tree() == []
+        sup.signal(signal.SIGINT)
+        assert sup.wait_exit() == 0
+
+
+def test_the_hard_startup_timeout_ends_the_run_with_exit_4(
+    tmp_path, free_port, simulated_process_guard
+):
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario={"startup_s": 60},
+        options=("--startup-timeout", "1s"),
+    ) as sup:
+        assert sup.wait_exit() == 4
+        assert sup.events("server_failed")[0]["failure"] == "startup_timeout"
+        assert not sup.events("restarting")
+        assert sup.tree() == []

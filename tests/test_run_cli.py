@@ -1,0 +1,90 @@
+"""`sglang-supervisor run` refuses bad input before anything starts: exit 2, the key or option
+named, no traceback; options override the config file."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.cli import main
+from supervisor.commands.run import merge_run_config
+from supervisor.config import RunConfig, load_config, read_toml
+from supervisor.errors import ConfigError
+
+FAKE = f"{sys.executable} -m supervisor.testing.fake_sglang"
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", *argv])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    code = exc.value.code
+    assert isinstance(code, int)
+    return code, err
+
+
+@pytest.mark.parametrize(
+    ("config", "options", "message"),
+    [
+        ("[run]\nbogus = 1\n", [], "unknown config key run.bogus"),
+        ('[run]\nhealth_interval = "-1s"\n', [], "run.health_interval"),
+        ("[run]\nfailure_threshold = 0\n", [], "run.failure_threshold must be at least 1"),
+        ('[run]\nbackoff_initial = "10s"\nbackoff_max = "1s"\n', [], "run.backoff_max"),
+        ('[run]\nmax_restarts = "five"\n', [], "run.max_restarts: expected an integer"),
+        ("", ["--health-interval", "0s"], "run.health_interval must be positive"),
+        ("", ["--health-interval", "soon"], "--health-interval"),
+        ("", ["--oom-score-adj", "5000"], "run.oom_score_adj"),
+        ("", ["--server-command", "/nonexistent/python -m x"], "/nonexistent/python: no such file"),
+        ("", ["--server-command", "'unterminated"], "--server-command"),
+        ("", ["--server-command", "no-such-program-xyz"], "not found on PATH"),
+        ('[run]\nstate_dir = "/proc/no/such"\n', [], "state directory /proc/no/such"),
+    ],
+)
+def test_bad_input_exits_2_naming_what_is_wrong(tmp_path, capsys, config, options, message):
+    path = tmp_path / "run.toml"
+    path.write_text(config)
+    state = [] if "state_dir" in config else ["--state-dir", str(tmp_path / "state")]
+    code, err = run_cli(
+        capsys,
+        "--config",
+        str(path),
+        *state,
+        *(["--server-command", FAKE] if "--server-command" not in options else []),
+        *options,
+        "--",
+        "--model-path",
+        "m",
+    )
+    assert code == 2
+    assert message in err
+
+
+def test_no_launch_server_arguments_is_bad_input(tmp_path, capsys):
+    code, err = run_cli(capsys, "--state-dir", str(tmp_path), "--server-command", FAKE)
+    assert code == 2
+    assert "no launch_server arguments" in err
+
+
+def test_a_stop_grace_that_does_not_fit_the_units_stop_timeout_is_refused(monkeypatch):
+    monkeypatch.setenv("SGLANG_SUPERVISOR_STOP_TIMEOUT_S", "180")
+    assert merge_run_config(RunConfig(), {"stop_grace_s": 150.0}).stop_grace_s == 150.0
+    with pytest.raises(ConfigError, match=r"run.stop_grace \(151 s\).*TimeoutStopSec \(180 s"):
+        merge_run_config(RunConfig(), {"stop_grace_s": 151.0})
+
+
+def test_command_line_overrides_the_config_file_and_unset_options_keep_it():
+    from_file = RunConfig(health_interval_s=5.0, max_restarts=9)
+    merged = merge_run_config(from_file, {"health_interval_s": 0.5, "max_restarts": None})
+    assert merged.health_interval_s == 0.5
+    assert merged.max_restarts == 9
+
+
+def test_example_config_shows_every_run_key_with_its_default():
+    root = Path(__file__).resolve().parents[1]
+    example = root / "configs" / "run-example.toml"
+    keys = set(read_toml(example)["run"])
+    assert keys == {f.removesuffix("_s") for f in RunConfig.__dataclass_fields__}
+    assert load_config(example).run == RunConfig(name="example")
