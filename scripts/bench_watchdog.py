@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""Benchmark the memory watchdog (not a test): reaction time and overshoot on leak ramps, side by
+side with earlyoom when installed, and the supervisor's idle cost. Results: BENCHMARKS.md.
+
+    .venv/bin/python scripts/bench_watchdog.py [--runs 5] [--rates 0.5,2,6] [--skip-idle]
+
+Per rate and run, a simulated SGLang server (2 ranks) starts; rank 0 leaks private memory at
+the rate; a 1 ms sampler in this process records when the watched quantity crosses the kill
+line and when every process of the tree is gone (no /proc entry, or a zombie: memory freed).
+
+* tree:     the product's main line - the tree's RssAnon+RssShmem vs budget + margin
+            (budget = the tree measured at ready, margin 256 MiB);
+* host:     MemAvailable vs a kill level 512 MiB below MemAvailable at the start; our watchdog
+            with that level, and earlyoom -M with the same level. earlyoom runs with --dryrun
+            (1.7 has no --ignore, and it must never pick another process on this shared
+            machine): when it announces its SIGKILL, this script kills the tree at once.
+
+Real memory: at most 1 GiB of leak per run (max_bytes), freed by the kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from supervisor.adapters.host import HostProbe  # noqa: E402
+from supervisor.adapters.procfs import ProcReader  # noqa: E402
+from supervisor.adapters.server_process import ServerProcess  # noqa: E402
+from supervisor.core.policy import Level, Limits  # noqa: E402
+from supervisor.incident import redact_line  # noqa: E402
+from supervisor.watchdog import MemoryWatchdog, WatchdogEvent  # noqa: E402
+
+MiB = 2**20
+GB = 10**9
+LEAK_CAP_BYTES = 1024 * MiB
+TREE_MARGIN_BYTES = 256 * MiB
+HOST_MARGIN_BYTES = 512 * MiB
+SAMPLE_S = 0.001
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ok(port: int) -> bool:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+HOG = """
+import mmap, sys, time
+rate, cap, after = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+time.sleep(after)
+t0 = time.monotonic(); done = 0; keep = []
+while True:
+    due = min(cap, int((time.monotonic() - t0) * rate))
+    if due - done >= 1 << 20:
+        m = mmap.mmap(-1, due - done, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        for off in range(0, due - done, 4096):
+            m[off] = 1
+        keep.append(m); done = due
+    else:
+        time.sleep(0.002)
+"""
+
+
+def start_server(
+    rate_bytes_per_s: int, leak_after_s: float, workdir: Path, leaker: str
+) -> ServerProcess:
+    """The simulated SGLang server (2 ranks, rank 0 leaks), or a bare hog process: the fake's
+    ranks touch pages inside a 20 ms event loop and top out near 0.5 GB/s on this VM."""
+    if leaker == "hog":
+        argv = [sys.executable, "-c", HOG, str(rate_bytes_per_s), str(LEAK_CAP_BYTES)]
+        argv.append(str(leak_after_s))
+        return ServerProcess.start(
+            argv,
+            dict(os.environ),
+            run_id=uuid.uuid4().hex,
+            sink=lambda line: None,
+            redact=redact_line,
+        )
+    scenario = {
+        "startup_s": 0.1,
+        "leak": {
+            "rank": 0,
+            "bytes_per_s": rate_bytes_per_s,
+            "after_s": leak_after_s,
+            "max_bytes": LEAK_CAP_BYTES,
+            "kind": "anon",
+        },
+    }
+    env = dict(os.environ)
+    env["FAKE_SGLANG_SCENARIO"] = json.dumps(scenario)
+    env["FAKE_SGLANG_BYTES_PER_GB"] = str(16 * 1024)
+    env.pop("FAKE_GPU_STATE_DIR", None)
+    port = free_port()
+    argv = [sys.executable, "-m", "supervisor.testing.fake_sglang", "--model-path", "m"]
+    argv += ["--tp-size", "2", "--port", str(port)]
+    server = ServerProcess.start(
+        argv, env, run_id=uuid.uuid4().hex, sink=lambda line: None, redact=redact_line
+    )
+    wait_for(lambda: http_ok(port), 60, "server ready")
+    return server
+
+
+def read_meminfo_available() -> int:
+    with open("/proc/meminfo", "rb") as f:
+        for line in f:
+            if line.startswith(b"MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable")
+
+
+def read_rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            total = 0
+            for line in f:
+                if line.startswith((b"RssAnon:", b"RssShmem:")):
+                    total += int(line.split()[1]) * 1024
+            return total
+    except OSError:
+        return None
+
+
+def gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            return False
+    return True
+
+
+@dataclass
+class Sample:
+    series: list[tuple[float, int]]  # (time, bytes past the kill line; negative below it)
+    gone_at: float | None = None
+
+
+def sampler(
+    mode: str,
+    line_bytes: int,
+    leak_pid: int,
+    others_bytes: int,
+    pids: list[int],
+    stop: threading.Event,
+    out: Sample,
+) -> None:
+    """1 ms sampling of the watched quantity and of the tree's existence."""
+    while not stop.is_set():
+        now = time.monotonic()
+        if mode == "tree":
+            rss = read_rss(leak_pid)
+            over = None if rss is None else rss + others_bytes - line_bytes
+        else:
+            over = line_bytes - read_meminfo_available()
+        if over is not None:
+            out.series.append((now, over))
+        if gone(pids):
+            out.gone_at = now
+            return
+        time.sleep(SAMPLE_S)
+
+
+def analyse(sample: Sample) -> tuple[float | None, int, float | None]:
+    """(crossing -> gone in ms, overshoot bytes, ramp bytes/s). A kill before the crossing (the
+    trend term) is measured against the moment the ramp *would* have crossed: negative."""
+    series = sample.series
+    if sample.gone_at is None or len(series) < 3:
+        return None, 0, None
+    base = series[0][1]
+    start = next((p for p in series if p[1] > base + 4 * MiB), None)
+    peak = max(series, key=lambda p: p[1])
+    if start is None or peak[0] <= start[0]:
+        return None, max(0, peak[1]), None
+    ramp = (peak[1] - start[1]) / (peak[0] - start[0])
+    crossed = next((t for t, over in series if over >= 0), None)
+    if crossed is None:
+        crossed = peak[0] + (0 - peak[1]) / ramp
+    return (sample.gone_at - crossed) * 1000, max(0, peak[1]), ramp
+
+
+@dataclass
+class RunResult:
+    crossing_to_gone_ms: float | None
+    overshoot_bytes: int
+    ramp_bytes_per_s: float | None
+    detail: str = ""
+
+
+def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) -> RunResult:
+    rate = int(rate_gb_s * GB)
+    # The leak starts after a pause long enough to measure the baseline first.
+    server = start_server(rate, leak_after_s=2.0, workdir=workdir, leaker=leaker)
+    reader = ProcReader()
+    if leaker == "hog":
+        time.sleep(0.5)  # the interpreter's own start-up allocations settle before the baseline
+    tree = server.tree()
+    pids = [p.pid for p in tree]
+    ranks = [p for p in tree if p.title.startswith("sglang::scheduler_TP0")] or list(tree[:1])
+    leak_pid = ranks[0].pid
+    baseline = sum(p.charged_bytes for p in tree)
+    others = baseline - ranks[0].charged_bytes
+    events: queue.SimpleQueue[WatchdogEvent] = queue.SimpleQueue()
+    dog: MemoryWatchdog | None = None
+    eo: subprocess.Popen[str] | None = None
+    if mode == "tree":
+        line = baseline + TREE_MARGIN_BYTES
+        quiet = Level(bytes_=1 * MiB)
+        limits = Limits(
+            warn=Level(bytes_=3 * MiB),
+            terminate=Level(bytes_=2 * MiB),
+            kill=quiet,
+            tree_budget_bytes=baseline + 16 * MiB,
+            tree_kill_bytes=line,
+            psi_full_warn_percent=None,
+        )
+    else:
+        line = read_meminfo_available() - HOST_MARGIN_BYTES
+        limits = Limits(
+            warn=Level(bytes_=line + 2 * HOST_MARGIN_BYTES),
+            terminate=Level(),  # off: earlyoom is run with TERM = KILL as well
+            kill=Level(bytes_=line),
+            psi_full_warn_percent=None,
+        )
+    stop = threading.Event()
+    sample = Sample(series=[])
+    thread = threading.Thread(
+        target=sampler, args=(mode, line, leak_pid, others, pids, stop, sample), daemon=True
+    )
+    thread.start()
+    try:
+        if tool == "watchdog":
+            probe = HostProbe()
+            dog = MemoryWatchdog(
+                server,
+                limits,
+                post=events.put,
+                read_pids=reader.processes,
+                read_host=lambda _tree: probe.read_meminfo(),
+            )
+            dog.start()
+        else:
+            kib = max(1, line // 1024)
+            eo = subprocess.Popen(
+                # stdbuf: earlyoom's stdout is block-buffered into a pipe otherwise.
+                ["stdbuf", "-oL", "earlyoom", "-M", f"{kib},{kib}", "--dryrun", "-r", "0"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+            )
+
+            def watch_earlyoom() -> None:
+                if eo is None or eo.stdout is None:
+                    return
+                for text in eo.stdout:
+                    if os.environ.get("BENCH_DEBUG"):
+                        print("earlyoom:", text.rstrip(), flush=True)
+                    if re.search(r"sending SIG(KILL|TERM) to process", text):
+                        server.kill_all("memory_kill", "earlyoom")
+                        return
+
+            threading.Thread(target=watch_earlyoom, daemon=True).start()
+        thread.join(timeout=30)
+    finally:
+        stop.set()
+        if dog is not None:
+            dog.stop()
+        if eo is not None:
+            eo.send_signal(signal.SIGTERM)
+            eo.wait(timeout=10)
+            if eo.stdout is not None:
+                eo.stdout.close()
+        server.kill_all("stop")
+        wait_for(lambda: gone(pids), 10, "tree gone")
+        server.reap()
+        server.close()
+    took_ms, overshoot, ramp = analyse(sample)
+    return RunResult(took_ms, overshoot, ramp, "" if took_ms is not None else "no kill seen")
+
+
+def summarize(results: list[RunResult]) -> dict[str, float | None]:
+    times = [r.crossing_to_gone_ms for r in results if r.crossing_to_gone_ms is not None]
+    over = [r.overshoot_bytes / GB for r in results]
+    ramps = [r.ramp_bytes_per_s / GB for r in results if r.ramp_bytes_per_s]
+    return {
+        "n": len(times),
+        "median_ms": statistics.median(times) if times else None,
+        "min_ms": min(times) if times else None,
+        "max_ms": max(times) if times else None,
+        "overshoot_median_gb": statistics.median(over) if over else None,
+        "overshoot_max_gb": max(over) if over else None,
+        "ramp_gb_s": statistics.median(ramps) if ramps else None,
+    }
+
+
+def idle_cost(seconds: float) -> dict[str, float]:
+    """`sglang-supervisor run` with 8 simulated ranks and GPUs, idle after ready: CPU and RSS."""
+    from supervisor.testing import gpu_state
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-idle-"))
+    gpus = workdir / "gpus"
+    gpu_state.create_gpus(gpus, 8, numa_nodes=2)
+    port = free_port()
+    env = dict(os.environ)
+    env["FAKE_GPU_STATE_DIR"] = str(gpus)
+    env["FAKE_SGLANG_BYTES_PER_GB"] = str(16 * 1024)
+    env["FAKE_SGLANG_SCENARIO"] = json.dumps({"startup_s": 0.2})
+    cmd = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "run",
+        "--gpu-backend",
+        "sim",
+        "--state-dir",
+        str(workdir / "state"),
+        "--server-command",
+        f"{sys.executable} -m supervisor.testing.fake_sglang",
+        "--force",
+        "--log-format",
+        "json",
+        "--",
+        "--model-path",
+        "m",
+        "--tp-size",
+        "8",
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
+    )
+    try:
+        wait_for(lambda: http_ok(port), 120, "supervised server ready")
+        time.sleep(5)  # let startup work (imports, first reads) settle before measuring
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu_s(pid: int) -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / tick
+
+        def workers() -> list[int]:
+            out = []
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        cmdline = (entry / "cmdline").read_bytes()
+                        stat = (entry / "stat").read_text()
+                    except OSError:
+                        continue
+                    ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                    if ppid == proc.pid and b"gpu_guard" in cmdline:
+                        out.append(int(entry.name))
+            return out
+
+        pids = [proc.pid, *workers()]
+        before = {p: cpu_s(p) for p in pids}
+        t0 = time.monotonic()
+        time.sleep(seconds)
+        wall = time.monotonic() - t0
+        used = sum(cpu_s(p) - before[p] for p in pids)
+        rss = 0
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+        worker_rss = 0
+        for w in pids[1:]:
+            for line in Path(f"/proc/{w}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    worker_rss += int(line.split()[1]) * 1024
+        return {
+            "cpu_percent": 100 * used / wall,
+            "rss_mib": rss / MiB,
+            "nvml_worker_rss_mib": worker_rss / MiB,
+            "seconds": wall,
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rates", default="0.5,2,6")
+    parser.add_argument("--skip-idle", action="store_true")
+    parser.add_argument("--idle-seconds", type=float, default=30.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rates = [float(x) for x in args.rates.split(",")]
+    have_earlyoom = shutil.which("earlyoom") is not None
+    workdir = Path(tempfile.mkdtemp(prefix="bench-watchdog-"))
+    report: dict[str, object] = {"rates": rates, "runs": args.runs, "earlyoom": have_earlyoom}
+    rows = []
+    combos = [("fake", "tree", "watchdog"), ("hog", "tree", "watchdog")]
+    combos.append(("hog", "host", "watchdog"))
+    if have_earlyoom:
+        combos.append(("hog", "host", "earlyoom"))
+    for rate in rates:
+        for leaker, mode, tool in combos:
+            if leaker == "fake" and rate > 0.5:
+                continue  # the simulated ranks cannot leak faster on this VM (see start_server)
+            results = [one_run(mode, tool, rate, workdir, leaker) for _ in range(args.runs)]
+            summary = summarize(results)
+            rows.append({"rate_gb_s": rate, "leaker": leaker, "mode": mode, "tool": tool})
+            rows[-1].update(summary)
+            print(json.dumps(rows[-1]), flush=True)
+    report["rows"] = rows
+    if not args.skip_idle:
+        report["idle"] = idle_cost(args.idle_seconds)
+        print(json.dumps(report["idle"]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
