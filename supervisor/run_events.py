@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from supervisor.adapters.server_process import ServerProcess
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_MAX_SLICE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,16 +112,17 @@ class EventClock:
         return self._clock.monotonic()
 
     def sleep(self, seconds: float) -> None:
-        self._on_tick()
         deadline = self._clock.monotonic() + max(0.0, seconds)
         while True:
+            self._on_tick()
             left = deadline - self._clock.monotonic()
+            if left <= 0:
+                return
             try:
-                event = self._events.get(timeout=max(0.0, left)) if left > 0 else None
+                # Wake at least every second: a 300 s backoff must still feed WatchdogSec=60.
+                event = self._events.get(timeout=min(left, _MAX_SLICE_S))
             except queue.Empty:
-                return
-            if event is None:
-                return
+                continue
             if isinstance(event, SignalEvent):
                 raise StopRequested(event)
             self.held.append(event)

@@ -193,8 +193,10 @@ class Runner:
 
     def watch(self, server: ServerProcess, monitor: LaunchMonitor) -> Death | None:
         """Tick until the server dies (its Death) or a stop signal arrives (None)."""
+        wait_s = 0.0  # the first tick at once: "loading" is logged as soon as it is true
         while True:
-            event = self.next_event(monitor.tick_s)
+            event = self.next_event(wait_s)
+            wait_s = monitor.tick_s
             if isinstance(event, SignalEvent):
                 self.stop_reason = event.name
                 return None

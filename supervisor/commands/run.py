@@ -20,7 +20,7 @@ import structlog
 
 from supervisor.config import RunConfig, SupervisorConfig, load_config
 from supervisor.core.units import parse_duration
-from supervisor.errors import ConfigError
+from supervisor.errors import ConfigError, ExitCode, SupervisorError
 from supervisor.state import StateStore, default_state_dir
 
 if TYPE_CHECKING:
@@ -251,6 +251,11 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
     )
     try:
         return int(runner.run())
+    except SupervisorError:
+        raise
+    except Exception:  # the one broad catch: logged with traceback; the tree is already killed
+        log.exception("internal_error")
+        return int(ExitCode.INTERNAL)
     finally:
         if sensor is not None:
             sensor.close()
