@@ -18,11 +18,12 @@ def cli() -> None:
 
 def _register() -> None:
     # Imported here so `sglang-supervisor --help` stays cheap and each command owns its module.
-    from supervisor.commands import preflight, reset_state, run
+    from supervisor.commands import demo, preflight, reset_state, run
 
     cli.add_command(preflight.preflight)
     cli.add_command(run.run)
     cli.add_command(reset_state.reset_state_command)
+    cli.add_command(demo.demo)
 
 
 def main(argv: list[str] | None = None) -> None:

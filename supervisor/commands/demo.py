@@ -1,0 +1,355 @@
+"""`sglang-supervisor demo`: the whole story on the built-in simulation, no GPU needed.
+
+A simulated 449 GB / 8 × H200 box. The pre-flight refuses `--hicache-size 300` (per rank, so
+2.4 TB) and names the safe size; the supervisor launches the simulated SGLang server with it; one
+rank starts leaking; the watchdog kills the whole group before the limit; the GPUs are waited
+for (one stays stuck and gets the simulated `nvidia-smi --gpu-reset`); the server comes back
+with a smaller cache. Real memory stays tiny: 64 KiB stand for a simulated GB.
+
+How the simulation is watched (documented in the README): the ranks' host pools and the leak are
+shared memory (RssShmem), scaled up by the same factor; the simulated MemAvailable is the box's
+449 GB minus 6 GB for the OS minus that scaled charge. Everything else is the production code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import structlog
+
+from supervisor.core.readings import HostMemory, ProcessInfo
+from supervisor.core.units import GB, KiB
+
+BOX_TOTAL_BYTES = 449 * GB
+OS_USED_BYTES = 6 * GB  # the rest of the box: kernel, page tables, the supervisor itself
+GPUS = 8
+REAL_BYTES_PER_GB = 64 * KiB  # 8 ranks × 40 GB of host pool = 20 MiB of real memory
+ASKED_GB = 300
+STUCK_GPU = 3
+LEAK_RANK = 5
+LEAK_GB_PER_S = 8.0
+
+LLAMA_3_70B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+def scale_tree(tree: tuple[ProcessInfo, ...]) -> tuple[ProcessInfo, ...]:
+    """The tree as the simulated box sees it: shared memory (pools, leak) scaled to GB."""
+    factor = GB // REAL_BYTES_PER_GB
+    return tuple(
+        dataclasses.replace(p, rss_shmem_bytes=p.rss_shmem_bytes * factor, rss_file_bytes=0)
+        for p in tree
+    )
+
+
+def simulated_host(tree: tuple[ProcessInfo, ...] | Any) -> HostMemory:
+    """MemAvailable of the simulated box: total − OS − the (scaled) tree."""
+    used = OS_USED_BYTES + sum(p.charged_bytes for p in tree)
+    return HostMemory(total_bytes=BOX_TOTAL_BYTES, available_bytes=max(0, BOX_TOTAL_BYTES - used))
+
+
+def demo_config_text(workdir: Path, model_dir: Path) -> str:
+    scenario = {
+        "startup_s": 0.3,
+        "warmup_s": 0.1,
+        "runtime_gb": 1.0,
+        "leak": {
+            "rank": LEAK_RANK,
+            "kind": "shmem",
+            "after_s": 2.0,
+            "bytes_per_s": int(LEAK_GB_PER_S * REAL_BYTES_PER_GB),
+            "max_bytes": 200 * REAL_BYTES_PER_GB,
+        },
+        "gpu_release_delay_s": 1.0,
+        "weight_bytes_per_rank": 141 * GB // GPUS,
+    }
+    reset = f"{sys.executable} -m supervisor.testing.fake_gpu_reset {{index}}"
+    return f"""
+[server]
+command = [{json.dumps(sys.executable)}, "-m", "supervisor.testing.fake_sglang"]
+args = ["--model-path", {json.dumps(str(model_dir))}, "--tp-size", "{GPUS}",
+        "--enable-hierarchical-cache", "--hicache-size", "{ASKED_GB}", "--port", "{{port}}"]
+
+[server.env]
+FAKE_SGLANG_SCENARIO = {json.dumps(json.dumps(scenario))}
+FAKE_SGLANG_BYTES_PER_GB = "{REAL_BYTES_PER_GB}"
+
+[host]
+mem_available = "{(BOX_TOTAL_BYTES - OS_USED_BYTES) // GB}GB"
+gpus = {GPUS}
+gpu_memory = "143771MiB"
+
+[preflight]
+weights = "141GB"
+per_rank_overhead = "1GiB"  # the simulation has no torch/CUDA runtime to speak of
+main_overhead = "2GiB"
+
+[run]
+name = "demo"
+state_dir = {json.dumps(str(workdir / "state"))}
+backoff_initial = "1s"
+health_interval = "1s"
+stop_grace = "5s"
+auto_size = true
+log_format = "json"
+
+[gpu]
+backend = "sim"
+release_timeout = "4s"
+reset_command = {json.dumps(reset)}
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# Error-level events the timeline already tells in its own words.
+_SHOWN_ABOVE = ("server_killed", "server_failed", "unhealthy", "gpu_reset_failed")
+
+
+class Timeline:
+    """Turns the supervisor's structured log events into a short story, printed as it happens."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.started = time.monotonic()
+        self.echo = echo
+        self.lines: list[str] = []
+        self.readies = 0
+        self.on_ready: list[Callable[[int], None]] = []
+        self._waiting_shown = False
+
+    def say(self, text: str) -> None:
+        line = f"{time.monotonic() - self.started:6.1f} s  {text}"
+        self.lines.append(line)
+        self.echo(line)
+
+    def __call__(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> Any:
+        self.describe(event)
+        raise structlog.DropEvent
+
+    def describe(self, e: MutableMapping[str, Any]) -> None:
+        name = e.get("event")
+        if name == "auto_sized":
+            self.say(f"pre-flight: launching with the safe --hicache-size {e['hicache_size_gb']}")
+        elif name == "launching":
+            argv = e.get("argv", [])
+            size = argv[argv.index("--hicache-size") + 1] if "--hicache-size" in argv else "?"
+            self.say(f"server launching: 8 ranks, --hicache-size {size} GB per rank")
+        elif name == "ready":
+            self.readies += 1
+            self.say("server ready")
+            for hook in self.on_ready:
+                hook(self.readies)
+        elif name == "server_killed" and e.get("cause") == "memory_kill":
+            self.say(
+                f"WATCHDOG: killed the whole group ({len(e.get('pids', []))} processes) at once: "
+                f"{e.get('reason')}"
+            )
+        elif name == "server_tree_gone":
+            self.say(f"every process of the tree gone {e.get('after_ms')} ms after the kill")
+        elif name == "incident_written":
+            self.say(f"incident report written: {Path(str(e.get('path'))).name} (--keep keeps it)")
+        elif name == "server_failed":
+            self.say(f"classified: {e.get('failure')}")
+        elif name == "hicache_shrunk":
+            self.say(
+                f"restart smaller: --hicache-size {e.get('previous_gb')} -> "
+                f"{e.get('hicache_size_gb')} GB per rank (kept in the state file)"
+            )
+        elif name == "gpu_release_waiting" and not self._waiting_shown:
+            self._waiting_shown = True
+            self.say("waiting for the GPUs to release the old run's memory")
+        elif name == "gpu_reset_started":
+            self.say(f"GPU {e.get('gpu')} still held with no process: running the reset command")
+        elif name == "gpu_reset_done":
+            self.say(f"GPU {e.get('gpu')} reset")
+        elif name == "gpu_release_done":
+            self.say(f"all 8 GPUs free after {e.get('elapsed_s')} s")
+        elif name == "memory_warn":
+            self.say(f"watchdog warning: {e.get('reason')}")
+        elif name == "stopped":
+            self.say("stopped cleanly")
+        elif e.get("level") == "error" and name not in _SHOWN_ABOVE:
+            self.say(f"{name}: {e.get('reason') or e.get('detail') or ''}")
+
+
+def _make_gpu_stuck(state_dir: Path, index: int) -> None:
+    """Mark the holdings on GPU `index` as stuck: after the holder dies its memory stays used
+    with no process listed (driver-held), until the reset command runs."""
+    from supervisor.testing import gpu_state
+
+    for path in sorted((state_dir / gpu_state.HOLDERS_DIR).glob(f"gpu{index}-pid*.json")):
+        data = json.loads(path.read_text())
+        data["stuck"] = True
+        gpu_state.write_json_atomic(path, data)
+
+
+@contextmanager
+def _demo_environment(keep: bool) -> Iterator[Path]:
+    workdir = Path(tempfile.mkdtemp(prefix="sglang-supervisor-demo-"))
+    saved = dict(os.environ)
+    try:
+        yield workdir
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> int:
+    """Run the story; returns the exit code (0 when everything happened as told)."""
+    from supervisor.adapters.clock import SystemClock
+    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.adapters.health import HttpHealthProbe, health_url
+    from supervisor.adapters.systemd import SdNotifier
+    from supervisor.commands.run import build_settings
+    from supervisor.config import load_config
+    from supervisor.errors import PreflightFailed, SupervisorError
+    from supervisor.launch import preflight_gate
+    from supervisor.protection import Protection
+    from supervisor.run_events import SignalEvent
+    from supervisor.runner import Runner
+    from supervisor.state import StateStore
+    from supervisor.testing import gpu_state
+
+    with _demo_environment(keep) as workdir:
+        model_dir = workdir / "model"
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(LLAMA_3_70B))
+        gpus_dir = workdir / "gpus"
+        gpu_state.create_gpus(gpus_dir, GPUS, numa_nodes=2)
+        os.environ["FAKE_GPU_STATE_DIR"] = str(gpus_dir)  # read by the reset command too
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+            os.environ.pop(name, None)
+        config_path = workdir / "demo.toml"
+        config_path.write_text(
+            demo_config_text(workdir, model_dir).replace("{port}", str(_free_port()))
+        )
+        config = load_config(config_path)
+        settings = build_settings(
+            config,
+            config_path=config_path,
+            server_args=(),
+            server_command=None,
+            gpu_backend=None,
+            run_options={},
+        )
+        timeline = Timeline(echo)
+        structlog.configure(
+            processors=[structlog.processors.add_log_level, timeline],
+            logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+            cache_logger_on_first_use=False,
+        )
+        echo(
+            f"Simulated box: {BOX_TOTAL_BYTES // GB} GB of RAM, {GPUS} × H200 (no GPU used; "
+            f"{REAL_BYTES_PER_GB // KiB} KiB of real memory per simulated GB)."
+        )
+        echo(f"Asked for: --tp-size 8 --hicache-size {ASKED_GB} (GB *per rank*)\n")
+        sensor = GuardedGpuSensor("sim", sim_state_dir=gpus_dir)
+        strict = dataclasses.replace(
+            settings,
+            config=dataclasses.replace(
+                config, run=dataclasses.replace(config.run, auto_size=False)
+            ),
+        )
+        try:
+            preflight_gate(strict, settings.server_args, sensor)
+        except PreflightFailed as refused:
+            first = str(refused).splitlines()
+            timeline.say("pre-flight REFUSES the launch:")
+            for line in first[1:]:
+                if any(k in line for k in ("host_memory", "FAIL", "safe", "suggest", "--hicache")):
+                    echo(f"           {line.strip()}")
+        store = StateStore(settings.state_dir)
+        store.ensure_writable()
+        protection = Protection(
+            settings, sensor=sensor, read_host=simulated_host, tree_view=scale_tree
+        )
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+        def on_ready(count: int) -> None:
+            if count == 1:
+                _make_gpu_stuck(gpus_dir, STUCK_GPU)
+                timeline.say(f"rank {LEAK_RANK} will start leaking; GPU {STUCK_GPU} will stick")
+            else:
+                timeline.say("back in service with the smaller cache: stopping the demo")
+                events.put_nowait(SignalEvent(signal.SIGTERM))
+
+        timeline.on_ready.append(on_ready)
+        run_cfg = settings.run
+
+        def probe_factory(plan: Any) -> Callable[[], Any]:
+            url = health_url(plan.host, plan.port, run_cfg.health_path)
+            return HttpHealthProbe(url, timeout_s=run_cfg.health_timeout_s).check
+
+        runner = Runner(
+            settings,
+            clock=SystemClock(),
+            store=store,
+            sensor=sensor,
+            notifier=SdNotifier({}),
+            probe_factory=probe_factory,
+            components=protection.components,
+            death_hooks=protection.death_hooks,
+            resetter=protection.resetter,
+            release_hooks=(protection.record_release,),
+            events=events,
+        )
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            code = int(runner.run())
+        except SupervisorError as exc:
+            timeline.say(f"supervisor stopped: {exc}")
+            code = int(exc.exit_code)
+        finally:
+            sensor.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        state = store.load()
+        echo("")
+        shrunk = state.hicache_size_override_gb
+        ok = code == 0 and timeline.readies >= 2 and shrunk is not None
+        echo(
+            "Done: the group was killed before the host ran out, the stuck GPU was reset, and "
+            f"the server came back with --hicache-size {shrunk}."
+            if ok
+            else f"The demo did not go as planned (exit {code}); see the timeline above."
+        )
+        if keep:
+            echo(f"Files kept in {workdir}")
+        return code if ok else 1
+
+
+@click.command()
+@click.option("--keep", is_flag=True, help="Keep the demo's files (state, incidents, config).")
+def demo(keep: bool) -> None:
+    """Run the supervisor's whole story on a simulated 8-GPU box (about 30 s, no GPU)."""
+    sys.exit(run_demo(keep=keep))
