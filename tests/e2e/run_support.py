@@ -54,7 +54,8 @@ startup_stall_timeout = "30s"
 enabled = false
 
 [gpu]
-backend = "none"
+backend = "{backend}"
+release_timeout = "20s"
 """
 
 
@@ -152,9 +153,9 @@ def marked_pids(marker: str) -> list[int]:
     return found
 
 
-def write_config(tmp_path: Path, state_dir: Path, extra: str = "") -> Path:
+def write_config(tmp_path: Path, state_dir: Path, extra: str = "", backend: str = "none") -> Path:
     path = tmp_path / f"run-{uuid.uuid4().hex[:6]}.toml"
-    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir)
+    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir, backend=backend)
     path.write_text(text + extra)
     return path
 
@@ -170,13 +171,15 @@ def supervisor(
     options: Sequence[str] = (),
     state_dir: Path | None = None,
     notify: bool = False,
+    gpu_state_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Supervisor]:
     """Start `python -m supervisor run` on the simulated server; at exit make sure that it and
     its tree are gone (SIGKILL whatever is left, then wait for the tree)."""
     state_dir = state_dir or tmp_path / "state"
-    config = write_config(tmp_path, state_dir)
+    config = write_config(tmp_path, state_dir, backend="sim" if gpu_state_dir else "none")
     log_path = tmp_path / f"supervisor-{uuid.uuid4().hex[:6]}.log"
-    env = fake_server_env(scenario)
+    env = {**fake_server_env(scenario, state_dir=gpu_state_dir), **(env or {})}
     notify_sock = None
     if notify:
         notify_sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -23,6 +23,7 @@ def test_ready_sends_ready_1_and_sigterm_stops_everything_with_exit_0(
         simulated_process_guard,
         notify=True,
         server_args=("--tp", "2", "--api-key", "sk-e2e-api-key-123"),
+        env={"WATCHDOG_USEC": "1000000"},
     ) as sup:
         sup.wait_event("ready")
         wait_until(
@@ -32,6 +33,10 @@ def test_ready_sends_ready_1_and_sigterm_stops_everything_with_exit_0(
         )
         ready = next(d for d in sup.received() if "READY=1" in d)
         assert "STATUS=ready" in ready
+        before_ready = sup.received()[: sup.received().index(ready)]
+        assert any(d.startswith("EXTEND_TIMEOUT_USEC=") for d in before_ready)
+        assert any(d.startswith("STATUS=loading") for d in before_ready)
+        wait_until(lambda: "WATCHDOG=1" in sup.received(), timeout_s=10, what="WATCHDOG=1")
         assert set(sup.schedulers()) == {"sglang::scheduler_TP0", "sglang::scheduler_TP1"}
         state = sup.state()
         assert state["run_id"] == sup.events("ready")[0]["run_id"]

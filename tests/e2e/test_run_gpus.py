@@ -1,0 +1,86 @@
+"""`sglang-supervisor run` with simulated GPUs: a leftover of an earlier run holding a GPU is
+killed and its memory awaited before the launch; other users of the target GPUs stop the start
+unless --kill-foreign-gpu-processes (issue 4, behaviour 1)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from supervisor.testing import gpu_state
+from tests.e2e.run_support import supervisor
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_leftover_holding_a_gpu_is_killed_and_its_memory_awaited(
+    tmp_path, free_port, simulated_process_guard, gpu_state_dir
+):
+    state_dir = tmp_path / "shared-state"
+    marker = simulated_process_guard
+    scenario = {"orphan": {"kind": "double_fork", "holds_gpu": True, "lifetime_s": 60}}
+    with supervisor(
+        tmp_path,
+        free_port,
+        marker,
+        scenario=scenario,
+        state_dir=state_dir,
+        gpu_state_dir=gpu_state_dir,
+    ) as first:
+        first.wait_event("ready")
+        first.signal(signal.SIGKILL)
+        first.wait_exit()
+        orphan = wait_until(
+            lambda: t if len(t := first.tree()) == 1 else None,
+            timeout_s=10,
+            what="only the escapee left",
+        )
+        assert orphan is not None
+        assert orphan[0] in gpu_state.live_holders(gpu_state_dir, 0)
+        with supervisor(
+            tmp_path, free_port, marker, state_dir=state_dir, gpu_state_dir=gpu_state_dir
+        ) as second:
+            assert orphan[0] in second.wait_event("leftovers_found")["pids"]
+            second.wait_event("ready")
+            events = [e["event"] for e in second.events()]
+            assert events.index("gpu_release_done") < events.index("launching")
+            assert orphan[0] not in gpu_state.live_holders(gpu_state_dir, 0)
+            second.signal(signal.SIGTERM)
+            assert second.wait_exit() == 0
+
+
+@pytest.mark.parametrize("kill_foreign", [False, True])
+def test_a_foreign_process_on_a_target_gpu_stops_the_start_unless_killing_is_allowed(
+    tmp_path, free_port, simulated_process_guard, gpu_state_dir, kill_foreign
+):
+    foreign = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        gpu_state.register_holder(gpu_state_dir, 1, 10 << 30, pid=foreign.pid)
+        options = ("--kill-foreign-gpu-processes",) if kill_foreign else ()
+        with supervisor(
+            tmp_path,
+            free_port,
+            simulated_process_guard,
+            gpu_state_dir=gpu_state_dir,
+            options=options,
+        ) as sup:
+            if not kill_foreign:
+                assert sup.wait_exit() == 1
+                assert f"pid {foreign.pid}" in sup.log_text().strip().splitlines()[-1]
+                assert not sup.events("launching")
+                assert foreign.poll() is None
+                return
+            sup.wait_event("ready")
+            assert foreign.wait(timeout=10) == -signal.SIGKILL
+            sup.signal(signal.SIGTERM)
+            assert sup.wait_exit() == 0
+    finally:
+        foreign.kill()
+        foreign.wait(timeout=10)
