@@ -78,8 +78,8 @@ class Run:
         return out
 
     def wait_event(self, name: str, count: int = 1, timeout_s: float = 60) -> dict[str, Any]:
-        found = wait_until(
-            lambda: ev if len(ev := self.events(name)) >= count else None,
+        found: list[dict[str, Any]] = wait_until(
+            lambda: ev if len(ev := self.events(name)) >= count else [],
             timeout_s=timeout_s,
             what=f"{count} {name} event(s); log tail "
             f"{self.log_path.read_text(errors='replace')[-800:]!r}",
@@ -161,8 +161,11 @@ def test_a_gpu_still_dirty_after_a_failed_reset_ends_the_run_with_exit_6(
     make_gpu_state: Callable[..., Path],
 ):
     gpus = make_gpu_state(2)
-    scenario = {"startup_s": 0.1, "crash": {"rank": 0, "after_s": 0.5, "exit_code": 1}}
-    scenario["gpu_stuck"] = True  # type: ignore[assignment]
+    scenario: dict[str, Any] = {
+        "startup_s": 0.1,
+        "crash": {"rank": 0, "after_s": 0.5, "exit_code": 1},
+        "gpu_stuck": True,
+    }
     broken_reset = f"{sys.executable} -m supervisor.testing.fake_gpu_reset 99"
     with supervised(
         tmp_path, free_port, simulated_process_guard, gpus, scenario, broken_reset
