@@ -203,9 +203,9 @@ def run(
     from supervisor.protection import check_protection_config
 
     check_protection_config(settings.config)
-    configure_logging(settings.run.log_format, settings.run.log_level)
     store = StateStore(settings.state_dir)
     store.ensure_writable()
+    configure_logging(settings.run.log_format, settings.run.log_level)
     return int(_run_supervisor(settings, store))
 
 
