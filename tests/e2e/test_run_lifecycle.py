@@ -137,3 +137,34 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
+
+
+def test_a_server_ignoring_sigterm_is_killed_after_the_grace_or_at_a_second_signal(
+    tmp_path, free_port, simulated_process_guard
+):
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario={"ignore_sigterm": True},
+        options=("--stop-grace", "1s"),
+    ) as sup:
+        sup.wait_event("ready")
+        sup.signal(signal.SIGTERM)
+        assert sup.wait_exit() == 0
+        assert sup.tree() == []
+        assert not sup.events("stop_escalated")
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario={"ignore_sigterm": True},
+        options=("--stop-grace", "60s"),
+    ) as sup:
+        sup.wait_event("ready")
+        sup.signal(signal.SIGTERM)
+        sup.wait_event("stopping")
+        sup.signal(signal.SIGINT)
+        assert sup.wait_exit(timeout_s=20) == 0
+        assert sup.events("stop_escalated")[0]["signal"] == "SIGINT"
+        assert sup.tree() == []
