@@ -72,6 +72,26 @@ def test_bad_input_exits_2_naming_what_is_wrong(tmp_path, capsys, config, option
     assert message in err
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--tp-size", "two"], "--tp-size 'two'"), (["--pp", "2"], "ambiguous option: --pp")],
+)
+def test_malformed_launch_server_arguments_are_bad_input(tmp_path, capsys, args, message):
+    code, err = run_cli(
+        capsys,
+        "--state-dir",
+        str(tmp_path),
+        "--server-command",
+        FAKE,
+        "--",
+        "--model-path",
+        "m",
+        *args,
+    )
+    assert code == 2
+    assert f"launch_server arguments: {message}" in err
+
+
 def test_no_launch_server_arguments_is_bad_input(tmp_path, capsys):
     code, err = run_cli(capsys, "--state-dir", str(tmp_path), "--server-command", FAKE)
     assert code == 2

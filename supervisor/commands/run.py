@@ -19,6 +19,7 @@ import click
 import structlog
 
 from supervisor.config import RunConfig, SupervisorConfig, load_config
+from supervisor.core.sglang_args import ArgvError, parse_launch_args
 from supervisor.core.units import parse_duration
 from supervisor.errors import ConfigError, ExitCode, SupervisorError
 from supervisor.state import StateStore, default_state_dir
@@ -138,6 +139,10 @@ def build_settings(
         raise ConfigError(
             "no launch_server arguments: give them after -- or as [server] args in --config"
         )
+    try:
+        parse_launch_args(args)
+    except ArgvError as exc:
+        raise ConfigError(f"launch_server arguments: {exc}") from None
     if server_command is not None:
         try:
             command = tuple(shlex.split(server_command))
@@ -241,8 +246,6 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
         resetter=protection.resetter,
         release_hooks=(protection.record_release,),
     )
-    from supervisor.core.sglang_args import parse_launch_args
-
     log.info(
         "settings",
         instance=settings.instance,
