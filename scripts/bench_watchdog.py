@@ -43,7 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from supervisor.adapters.host import HostProbe  # noqa: E402
-from supervisor.adapters.procfs import ProcReader  # noqa: E402
 from supervisor.adapters.server_process import ServerProcess  # noqa: E402
 from supervisor.core.policy import Level, Limits  # noqa: E402
 from supervisor.incident import redact_line  # noqa: E402
@@ -175,6 +174,7 @@ def gone(pids: list[int]) -> bool:
 @dataclass
 class Sample:
     series: list[tuple[float, int]]  # (time, bytes past the kill line; negative below it)
+    rss: list[tuple[float, int]]  # (time, the leaking process's RssAnon+RssShmem)
     gone_at: float | None = None
 
 
@@ -190,13 +190,15 @@ def sampler(
     """1 ms sampling of the watched quantity and of the tree's existence."""
     while not stop.is_set():
         now = time.monotonic()
+        rss = read_rss(leak_pid)
         if mode == "tree":
-            rss = read_rss(leak_pid)
             over = None if rss is None else rss + others_bytes - line_bytes
         else:
             over = line_bytes - read_meminfo_available()
         if over is not None:
             out.series.append((now, over))
+        if rss is not None:
+            out.rss.append((now, rss))
         if gone(pids):
             out.gone_at = now
             return
@@ -207,18 +209,23 @@ def analyse(sample: Sample) -> tuple[float | None, int, float | None]:
     """(crossing -> gone in ms, overshoot bytes, ramp bytes/s). A kill before the crossing (the
     trend term) is measured against the moment the ramp *would* have crossed: negative."""
     series = sample.series
-    if sample.gone_at is None or len(series) < 3:
+    if sample.gone_at is None or len(series) < 3 or len(sample.rss) < 3:
         return None, 0, None
-    base = series[0][1]
-    start = next((p for p in series if p[1] > base + 4 * MiB), None)
-    peak = max(series, key=lambda p: p[1])
-    if start is None or peak[0] <= start[0]:
-        return None, max(0, peak[1]), None
-    ramp = (peak[1] - start[1]) / (peak[0] - start[0])
+    # The ramp from the leaking process's own RSS (MemAvailable also moves with the rest of this
+    # shared machine): from the first 4 MiB of growth to its peak.
+    base = sample.rss[0][1]
+    start = next((p for p in sample.rss if p[1] > base + 4 * MiB), None)
+    top = max(sample.rss, key=lambda p: p[1])
+    peak_over = max(over for _, over in series)
+    if start is None or top[0] <= start[0]:
+        return None, max(0, peak_over), None
+    ramp = (top[1] - start[1]) / (top[0] - start[0])
     crossed = next((t for t, over in series if over >= 0), None)
     if crossed is None:
-        crossed = peak[0] + (0 - peak[1]) / ramp
-    return (sample.gone_at - crossed) * 1000, max(0, peak[1]), ramp
+        # Killed before the line (the trend term): when the ramp would have crossed it.
+        t_peak, over_peak = max(series, key=lambda p: p[1])
+        crossed = t_peak + (0 - over_peak) / ramp
+    return (sample.gone_at - crossed) * 1000, max(0, peak_over), ramp
 
 
 @dataclass
@@ -233,7 +240,6 @@ def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) 
     rate = int(rate_gb_s * GB)
     # The leak starts after a pause long enough to measure the baseline first.
     server = start_server(rate, leak_after_s=2.0, workdir=workdir, leaker=leaker)
-    reader = ProcReader()
     if leaker == "hog":
         time.sleep(0.5)  # the interpreter's own start-up allocations settle before the baseline
     tree = server.tree()
@@ -265,7 +271,7 @@ def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) 
             psi_full_warn_percent=None,
         )
     stop = threading.Event()
-    sample = Sample(series=[])
+    sample = Sample(series=[], rss=[])
     thread = threading.Thread(
         target=sampler, args=(mode, line, leak_pid, others, pids, stop, sample), daemon=True
     )
@@ -277,7 +283,6 @@ def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) 
                 server,
                 limits,
                 post=events.put,
-                read_pids=reader.processes,
                 read_host=lambda _tree: probe.read_meminfo(),
             )
             dog.start()

@@ -146,7 +146,6 @@ class Protection:
             limits,
             post=post,
             read_host=self.read_host,
-            read_pids=server.proc.processes,
             tree_view=self.tree_view,
             gpu_snapshot=snapshot,
             state_dir=self.settings.state_dir,

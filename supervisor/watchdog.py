@@ -15,12 +15,12 @@ import dataclasses
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
 
-from supervisor.adapters import reclaim
+from supervisor.adapters import proc_status, reclaim
 from supervisor.adapters.host import HostProbe, HostReadError
 from supervisor.adapters.psi import MemoryPressure, read_memory_pressure
 from supervisor.core.policy import Decision, Limits, Reading, Verdict, decide
@@ -34,6 +34,7 @@ HISTORY_TICKS = 64
 # A full /proc scan finds new processes of the tree; between scans only known PIDs are read
 # (~30 µs each instead of ~3 ms for the scan, prior-art.md §5: "tree scans at 1 Hz").
 RESCAN_S = 1.0
+IDLE_RESCAN_FACTOR = 5
 REPORT_INTERVAL_S = 60.0
 # How long the watchdog itself waits to see the killed tree disappear (for the incident only).
 GONE_WAIT_S = 10.0
@@ -52,6 +53,8 @@ class WatchdogEvent:
 
 
 HostSource = Callable[[Sequence[ProcessInfo]], HostMemory]
+# Re-reads the processes found by the last scan (vanished ones left out).
+Refresher = Callable[[tuple[ProcessInfo, ...]], tuple[ProcessInfo, ...]]
 
 
 def system_host_source(server_pid: int, probe: HostProbe | None = None) -> HostSource:
@@ -88,7 +91,7 @@ class MemoryWatchdog:
         *,
         post: Callable[[WatchdogEvent], None],
         read_host: HostSource | None = None,
-        read_pids: Callable[[Iterable[int]], tuple[ProcessInfo, ...]] | None = None,
+        refresh: Refresher | None = proc_status.refresh,
         read_psi: Callable[[], MemoryPressure | None] = read_memory_pressure,
         tree_view: Callable[[tuple[ProcessInfo, ...]], tuple[ProcessInfo, ...]] | None = None,
         gpu_snapshot: Callable[[], tuple[float, tuple[GpuState, ...] | None] | None] | None = None,
@@ -101,7 +104,7 @@ class MemoryWatchdog:
         self.limits = limits
         self.post = post
         self.read_host = read_host or system_host_source(server.pid)
-        self.read_pids = read_pids
+        self.refresh = refresh
         self.read_psi = read_psi
         self.tree_view = tree_view or (lambda tree: tree)
         self.gpu_snapshot = gpu_snapshot
@@ -111,7 +114,7 @@ class MemoryWatchdog:
         self.rescan_s = rescan_s
         self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
         self.tree: tuple[ProcessInfo, ...] = ()
-        self._pids: tuple[int, ...] = ()
+        self._raw: tuple[ProcessInfo, ...] = ()
         self.streak = 0
         self.terminated_at_s: float | None = None
         self.killed_at_s: float | None = None
@@ -160,12 +163,16 @@ class MemoryWatchdog:
     def read(self) -> Reading:
         """Read the tree (known PIDs, or a full scan when due), host memory and PSI."""
         now = self.clock.monotonic()
-        if self.read_pids is None or now - self._last_scan_s >= self.rescan_s or not self._pids:
+        # Near a threshold (short intervals) new members are looked for every second; an idle
+        # box rescans every few seconds (the scan is ~3 ms for 150 processes).
+        idle = self.last is not None and self.last.next_interval_s >= self.limits.max_interval_s
+        rescan_s = self.rescan_s * (IDLE_RESCAN_FACTOR if idle else 1)
+        if self.refresh is None or now - self._last_scan_s >= rescan_s or not self._raw:
             raw = self.server.tree()
             self._last_scan_s = now
         else:
-            raw = self.read_pids(self._pids)
-        self._pids = tuple(p.pid for p in raw)
+            raw = self.refresh(self._raw)
+        self._raw = raw
         self.tree = self.tree_view(raw)
         charged = sum(p.charged_bytes for p in self.tree)
         try:

@@ -102,7 +102,7 @@ def make(tree: FakeTree, tmp_path: Path | None, limits: Limits = LIMITS, host=No
         limits,
         post=events.append,
         read_host=host or SimHost(),
-        read_pids=tree.read_pids,
+        refresh=lambda known: tree.read_pids(p.pid for p in known),
         read_psi=lambda: None,
         state_dir=tmp_path,
         run_id="run-1",
@@ -204,12 +204,13 @@ def test_the_kill_is_skipped_when_memory_recovers_before_the_signal(tmp_path: Pa
 
 
 def test_known_pids_are_read_between_full_scans(tmp_path: Path):
+    """Idle (1 s ticks): a full /proc scan every 5 s, the known PIDs re-read in between."""
     tree = FakeTree()
     dog, _events, clock = make(tree, tmp_path)
     for _ in range(5):
         dog.tick()
-        clock.now += 0.1
+        clock.now += 1.0
     assert tree.scans == 1
-    clock.now += 1.0
+    clock.now += 0.5
     dog.tick()
     assert tree.scans == 2

@@ -238,7 +238,6 @@ def test_memory_kills_happen_on_time_while_nvml_hangs(
             run.server,
             limits,
             post=run.events.put,
-            read_pids=run.server.proc.processes,
             gpu_snapshot=sensor.last_snapshot,
             state_dir=tmp_path,
         )

@@ -71,7 +71,6 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
                 run.server,
                 limits,
                 post=run.events.put,
-                read_pids=run.server.proc.processes,
                 gpu_snapshot=sensor.last_snapshot,
                 state_dir=tmp_path,
                 run_id=run.server.run_id,
@@ -151,7 +150,6 @@ def test_mmapped_file_pages_never_trigger_a_kill(tmp_path: Path, free_port: int)
                 run.server,
                 limits,
                 post=run.events.put,
-                read_pids=reader.processes,
                 tree_view=with_hog,
                 state_dir=tmp_path,
             )
