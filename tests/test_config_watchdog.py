@@ -65,3 +65,23 @@ def test_bad_watchdog_and_gpu_values_name_the_key(tmp_path: Path, text: str, fra
 def test_a_zero_form_switches_that_form_off_without_contradiction():
     config = WatchdogConfig(warn_percent=0.0, terminate_percent=0.0, kill_percent=3.0)
     assert config.kill_percent == 3.0
+
+
+def test_run_refuses_a_reset_command_that_cannot_run_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    from supervisor.cli import main
+
+    config = write(
+        tmp_path,
+        f'[run]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[gpu]\nbackend = "none"\nreset_command = "{tmp_path}/no-such-reset -i {{index}}"\n',
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--config", str(config), "--", "--model-path", "m"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "no-such-reset" in err
+    assert "does not exist" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "state").exists()
