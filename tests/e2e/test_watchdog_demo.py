@@ -66,7 +66,10 @@ def test_demo_tells_the_whole_story_and_the_override_survives_a_restart(
             assert key in incident, key
         assert incident["top_processes"][0]["title"] == "sglang::scheduler_TP5"
         steps = [s["step"] for s in incident["next"]]
-        assert steps[:3] == ["tree_gone", "classified", "restart_smaller"]
+        # tree_gone comes from the watchdog's thread, the rest from the run loop, in this order.
+        assert "tree_gone" in steps
+        loop_steps = [s for s in steps if s != "tree_gone"]
+        assert loop_steps[:2] == ["classified", "restart_smaller"]
         assert "gpu_release" in steps
         assert "relaunched" in steps
         release = next(s for s in incident["next"] if s["step"] == "gpu_release")
