@@ -13,6 +13,7 @@ import structlog
 
 from supervisor.adapters import reclaim
 from supervisor.adapters.nvml import NoGpuSensor
+from supervisor.adapters.procfs import INSTANCE_ENV, ProcReader
 from supervisor.core.gpu_release import (
     GpuCheck,
     ReleaseAction,
@@ -70,6 +71,12 @@ def measure_baselines(sensor: GpuSensor, gpu_indices: Iterable[int]) -> dict[str
     return {g.uuid: g.used_bytes for g in gpus or () if g.index in wanted and not g.processes}
 
 
+def is_ours_by_sight(pid: int) -> bool:
+    """A process NVML lists that we own though its PID was not recorded: an SGLang title, or the
+    supervisor's environment marker (inherited by every descendant, escapees included)."""
+    return reclaim.is_sglang_process(pid) or ProcReader().environ_has(pid, INSTANCE_ENV)
+
+
 def _listed_pids(gpus: Sequence[GpuState] | None, targets: Iterable[int]) -> set[int]:
     wanted = set(targets)
     return {p.pid for g in gpus or () if g.index in wanted for p in g.processes}
@@ -88,7 +95,7 @@ def wait_for_gpu_release(
     d_state_grace_s: float = DEFAULT_RELEASE_TIMEOUT_S,
     reset_settle_s: float = DEFAULT_RESET_SETTLE_S,
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
-    is_ours: Callable[[int], bool] = reclaim.is_sglang_process,
+    is_ours: Callable[[int], bool] = is_ours_by_sight,
     process_state: Callable[[int], str | None] = reclaim.process_state,
     kill: Callable[[int], bool] = reclaim.kill_and_reclaim,
 ) -> ReleaseResult:
@@ -103,7 +110,7 @@ def wait_for_gpu_release(
         old_pids: PIDs of the old run's tree (recorded in the state file, or read before kill).
         baselines: used bytes per GPU UUID measured before the first launch (measure_baselines);
             missing GPUs count as baseline 0.
-        is_ours: extra test for a listed PID not in `old_pids` (default: an SGLang process title).
+        is_ours: extra test for a listed PID not in `old_pids` (default: is_ours_by_sight).
         process_state: /proc state letter of a PID, None when gone.
         kill: SIGKILL one PID (returns False if it was already gone).
 

@@ -201,3 +201,25 @@ def test_baselines_are_measured_per_target_uuid():
     sensor = ScriptedGpus(clock, lambda t: (gpu(0, 3), gpu(1, 4), gpu(2, 5)))
     assert measure_baselines(sensor, [0, 2]) == {"GPU-0": 3, "GPU-2": 5}
     assert measure_baselines(ScriptedGpus(clock, lambda t: None), [0]) == {}
+
+
+def test_unrecorded_processes_are_ours_by_title_or_by_the_supervisor_marker():
+    import os
+    import subprocess
+    import sys
+
+    from supervisor.adapters.procfs import INSTANCE_ENV
+    from supervisor.cleanup import is_ours_by_sight
+
+    code = "import time; time.sleep(30)"
+    marked = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, INSTANCE_ENV: "demo"}
+    )
+    plain = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        assert is_ours_by_sight(marked.pid)
+        assert not is_ours_by_sight(plain.pid)
+    finally:
+        for proc in (marked, plain):
+            proc.kill()
+            proc.wait()

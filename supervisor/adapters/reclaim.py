@@ -109,14 +109,3 @@ def process_title(pid: int, proc_root: Path = Path("/proc")) -> str:
 def is_sglang_process(pid: int, proc_root: Path = Path("/proc")) -> bool:
     """True for SGLang's titled processes (`sglang::scheduler_TP0`, `sglang::detokenizer`)."""
     return process_title(pid, proc_root).startswith("sglang::")
-
-
-def process_argv(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, ...] | None:
-    """The exact argv of `pid` (NUL-separated /proc/PID/cmdline), None when gone or retitled."""
-    try:
-        raw = (proc_root / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return None
-    if not raw.endswith(b"\0"):
-        return None  # setproctitle rewrote it into one string: the argv is lost
-    return tuple(part.decode("utf-8", "surrogateescape") for part in raw[:-1].split(b"\0"))
