@@ -209,7 +209,9 @@ class GuardedGpuSensor:
 
 def _serve(backend: str, sim_state_dir: Path | None) -> int:
     # Die with the supervisor even if it is SIGKILLed: stdin EOF ends the loop, and PDEATHSIG
-    # covers a worker blocked in a query at that moment.
+    # covers a worker blocked in a query at that moment. PDEATHSIG fires when the *thread* that
+    # started the worker exits, so the first query should come from a long-lived thread (the
+    # run loop's); a worker lost that way is simply restarted by the next query.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     try:
