@@ -197,10 +197,13 @@ class MemoryWatchdog:
     def tick(self) -> Decision:
         """Read, decide, act once. Returns the decision (its next_interval_s paces the loop)."""
         self.ticks += 1
+        streak = self.streak
         self.read()
         decision = self._decide()
         if decision.verdict is Verdict.KILL:
-            # earlyoom's re-check: memory may have come back while we were deciding.
+            # earlyoom's re-check: memory may have come back while we were deciding. The
+            # re-read is part of this tick: it does not count as another warn breach.
+            self.streak = streak
             self.read()
             recheck = self._decide()
             if recheck.verdict is Verdict.KILL:
