@@ -266,11 +266,13 @@ class Runner:
             self.set_state(ServerState.LOADING)
         if new is ServerState.WARMING and self.state is ServerState.WARMING:
             return
+        if new is ServerState.READY:
+            # Recorded before `ready` is announced, so whoever reacts to it finds every PID.
+            launch.record_tree(self.store, monitor.server)
         self.set_state(new)
         monitor.mark_state(new)
         if new is ServerState.READY:
             self.notifier.ready(self._status_line())
-            launch.record_tree(self.store, monitor.server)
 
     def handle_death(
         self,
