@@ -32,6 +32,12 @@ def test_a_leftover_holding_a_gpu_is_killed_and_its_memory_awaited(
         gpu_state_dir=gpu_state_dir,
     ) as first:
         first.wait_event("ready")
+        # The escapee is spawned by rank 0 and registers on GPU 0 beside it, maybe after ready.
+        wait_until(
+            lambda: len(gpu_state.live_holders(gpu_state_dir, 0)) >= 2,
+            timeout_s=10,
+            what="the escapee holding GPU 0 beside rank 0",
+        )
         first.signal(signal.SIGKILL)
         first.wait_exit()
         orphan = wait_until(
