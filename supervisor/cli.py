@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -9,26 +10,37 @@ import click
 from supervisor import __version__
 from supervisor.errors import ExitCode, SupervisorError
 
+# Each command lives in its own module and is imported only when it runs (or for --help):
+# `preflight` must start in well under a second and not pay for the runner's imports.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "preflight": ("supervisor.commands.preflight", "preflight"),
+    "run": ("supervisor.commands.run", "run"),
+    "demo": ("supervisor.commands.demo", "demo"),
+    "reset-state": ("supervisor.commands.reset_state", "reset_state_command"),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        command = getattr(importlib.import_module(target[0]), target[1])
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sglang-supervisor")
 def cli() -> None:
     """Pre-flight, supervise and guard an SGLang server on a multi-GPU box."""
 
 
-def _register() -> None:
-    # Imported here so `sglang-supervisor --help` stays cheap and each command owns its module.
-    from supervisor.commands import demo, preflight, reset_state, run
-
-    cli.add_command(preflight.preflight)
-    cli.add_command(run.run)
-    cli.add_command(reset_state.reset_state_command)
-    cli.add_command(demo.demo)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI; operator errors print one line and exit with their code."""
-    _register()
     try:
         # Without standalone mode click returns ctx.exit(code) instead of exiting: pass it on.
         rc = cli.main(args=argv, prog_name="sglang-supervisor", standalone_mode=False)
