@@ -8,6 +8,7 @@ the tree left" is checked.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -40,7 +41,7 @@ per_rank_overhead = "1MiB"
 main_overhead = "1MiB"
 
 [run]
-name = "e2e"
+name = "{name}"
 state_dir = "{state_dir}"
 health_interval = "0.2s"
 health_timeout = "2s"
@@ -155,7 +156,10 @@ def marked_pids(marker: str) -> list[int]:
 
 def write_config(tmp_path: Path, state_dir: Path, extra: str = "", backend: str = "none") -> Path:
     path = tmp_path / f"run-{uuid.uuid4().hex[:6]}.toml"
-    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir, backend=backend)
+    # One instance name per test: leftover cleanup kills processes of the same instance, so two
+    # suites running at once on one machine must not share it.
+    name = "e2e-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
+    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir, backend=backend, name=name)
     path.write_text(text + extra)
     return path
 
