@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import tempfile
@@ -26,6 +27,7 @@ from supervisor.errors import ConfigError
 log = structlog.get_logger("supervisor.state")
 
 STATE_FILE = "state.json"
+LOCK_FILE = "supervisor.lock"
 _VERSION = 1
 
 
@@ -90,6 +92,7 @@ class StateStore:
         self.dir = state_dir
         self.path = state_dir / STATE_FILE
         self._lock = threading.Lock()
+        self._lock_fd: int | None = None
 
     def ensure_writable(self) -> None:
         """Create the directory and prove it is writable, before anything starts.
@@ -106,6 +109,31 @@ class StateStore:
                 f"state directory {self.dir} is not writable: {exc.strerror or exc} "
                 "(set run.state_dir or --state-dir)"
             ) from None
+
+    def claim(self) -> None:
+        """Hold an exclusive lock on the state directory for the life of this process.
+
+        A second supervisor of the same instance would take the first one's server for leftovers
+        of an earlier run and kill it (a manual `run` beside the systemd unit, say).
+
+        Raises:
+            ConfigError: another live supervisor holds the lock (its PID is named).
+        """
+        path = self.dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(
+                f"another sglang-supervisor (pid {holder}) already supervises the state "
+                f"directory {self.dir}; stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # Kept open on purpose: the kernel drops the lock when this process exits, however.
+        self._lock_fd = fd
 
     def load(self) -> RunState:
         """The stored state; a fresh one when there is none or it is corrupt (kept aside)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 
 import pytest
@@ -84,3 +85,13 @@ def test_an_unwritable_state_dir_is_a_config_error_naming_it(tmp_path):
     blocker.write_text("")
     with pytest.raises(ConfigError, match=r"state directory .*file/x is not writable"):
         StateStore(blocker / "x").ensure_writable()
+
+
+def test_a_second_supervisor_of_the_same_state_dir_is_refused_naming_the_first(tmp_path):
+    """Otherwise it would take the first one's live server for leftovers and kill it."""
+    first = StateStore(tmp_path)
+    first.ensure_writable()
+    first.claim()
+    second = StateStore(tmp_path)
+    with pytest.raises(ConfigError, match=rf"pid {os.getpid()}\) already supervises"):
+        second.claim()

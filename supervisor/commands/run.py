@@ -210,6 +210,7 @@ def run(
     check_protection_config(settings.config)
     store = StateStore(settings.state_dir)
     store.ensure_writable()
+    store.claim()
     configure_logging(settings.run.log_format, settings.run.log_level)
     return int(_run_supervisor(settings, store))
 
