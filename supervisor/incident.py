@@ -6,7 +6,6 @@ Never holds secrets: log lines pass through the caller's redaction and a last re
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.atomic_file import write_text_atomic
 from supervisor.core.policy import Decision, Limits, Reading
 from supervisor.core.readings import GpuState, ProcessInfo
 
@@ -173,15 +173,4 @@ class Incident:
                 log.error("incident_not_updated", path=str(self.path), error=str(exc))
 
     def _write(self) -> None:
-        payload = json.dumps(self.data, indent=2, default=str) + "\n"
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".incident-")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_text_atomic(self.path, json.dumps(self.data, indent=2, default=str) + "\n")

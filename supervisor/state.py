@@ -8,7 +8,6 @@ Never holds secrets.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fcntl
 import json
@@ -22,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from supervisor.atomic_file import write_text_atomic
 from supervisor.errors import ConfigError
 
 log = structlog.get_logger("supervisor.state")
@@ -172,21 +172,7 @@ class StateStore:
     def _save(self, state: RunState) -> None:
         state = dataclasses.replace(state, updated_at=time.time())
         payload = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{STATE_FILE}.")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with_suppressed_unlink(tmp)
-            raise
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_text_atomic(self.path, payload)
 
     def update(self, change: Callable[[RunState], RunState]) -> RunState:
         """Read-modify-write under the store's lock (the runner and the watchdog both write)."""
@@ -194,8 +180,3 @@ class StateStore:
             new = change(self._load())
             self._save(new)
             return new
-
-
-def with_suppressed_unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)

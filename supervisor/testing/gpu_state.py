@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from supervisor.atomic_file import write_text_atomic
 
 GPUS_FILE = "gpus.json"
 HOLDERS_DIR = "holders"
@@ -56,16 +57,7 @@ class SimHolding:
 
 def write_json_atomic(path: Path, data: object) -> None:
     """Write JSON via a temp file in the same directory, fsync, os.replace."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps(data))
 
 
 def _read_json(path: Path) -> Any:
