@@ -226,17 +226,14 @@ def _demo_environment(keep: bool) -> Iterator[Path]:
 
 def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> int:
     """Run the story; returns the exit code (0 when everything happened as told)."""
-    from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.gpu_guard import GuardedGpuSensor
-    from supervisor.adapters.health import HttpHealthProbe, health_url
     from supervisor.adapters.systemd import SdNotifier
-    from supervisor.commands.run import build_settings
+    from supervisor.commands.run import build_runner, build_settings
     from supervisor.config import load_config
     from supervisor.errors import PreflightFailed, SupervisorError
     from supervisor.launch import preflight_gate
     from supervisor.protection import Protection
     from supervisor.run_events import SignalEvent
-    from supervisor.runner import Runner
     from supervisor.state import StateStore
     from supervisor.testing import gpu_state
 
@@ -304,24 +301,8 @@ def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> in
                 events.put_nowait(SignalEvent(signal.SIGTERM))
 
         timeline.on_ready.append(on_ready)
-        run_cfg = settings.run
-
-        def probe_factory(plan: Any) -> Callable[[], Any]:
-            url = health_url(plan.host, plan.port, run_cfg.health_path)
-            return HttpHealthProbe(url, timeout_s=run_cfg.health_timeout_s).check
-
-        runner = Runner(
-            settings,
-            clock=SystemClock(),
-            store=store,
-            sensor=sensor,
-            notifier=SdNotifier({}),
-            probe_factory=probe_factory,
-            components=protection.components,
-            death_hooks=protection.death_hooks,
-            resetter=protection.resetter,
-            release_hooks=(protection.record_release,),
-            events=events,
+        runner = build_runner(
+            settings, store, sensor, protection, notifier=SdNotifier({}), events=events
         )
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:

@@ -25,7 +25,13 @@ from supervisor.errors import ConfigError, ExitCode, SupervisorError
 from supervisor.state import StateStore, default_state_dir
 
 if TYPE_CHECKING:
+    import queue
+
+    from supervisor.adapters.systemd import SdNotifier
     from supervisor.launch import RunSettings
+    from supervisor.ports import GpuSensor
+    from supervisor.protection import Protection
+    from supervisor.runner import Runner
 
 # Set by the shipped unit next to TimeoutStopSec (systemd tells a service nothing about it).
 UNIT_STOP_TIMEOUT_ENV = "SGLANG_SUPERVISOR_STOP_TIMEOUT_S"
@@ -215,38 +221,53 @@ def run(
     return int(_run_supervisor(settings, store))
 
 
+def build_runner(
+    settings: RunSettings,
+    store: StateStore,
+    sensor: GpuSensor | None,
+    protection: Protection,
+    *,
+    notifier: SdNotifier,
+    events: queue.SimpleQueue[Any] | None = None,
+) -> Runner:
+    """The production runner: HTTP health probes, the system clock, the watchdog's hooks."""
+    from supervisor.adapters.clock import SystemClock
+    from supervisor.adapters.health import HttpHealthProbe, health_url
+    from supervisor.runner import Runner
+
+    run_cfg = settings.run
+
+    def probe_factory(plan: Any) -> Callable[[], Any]:
+        url = health_url(plan.host, plan.port, run_cfg.health_path)
+        return HttpHealthProbe(url, timeout_s=run_cfg.health_timeout_s).check
+
+    return Runner(
+        settings,
+        clock=SystemClock(),
+        store=store,
+        sensor=sensor,
+        notifier=notifier,
+        probe_factory=probe_factory,
+        components=protection.components,
+        death_hooks=protection.death_hooks,
+        resetter=protection.resetter,
+        release_hooks=(protection.record_release,),
+        events=events,
+    )
+
+
 def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
     from supervisor import launch
-    from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.gpu_guard import GuardedGpuSensor
-    from supervisor.adapters.health import HttpHealthProbe, health_url
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.protection import Protection
-    from supervisor.runner import Runner
 
     log = structlog.get_logger("supervisor.run")
     gpu = settings.config.gpu
     backend = launch.resolve_gpu_backend(gpu.backend)
     sensor = None if backend == "none" else GuardedGpuSensor(backend, timeout_s=gpu.nvml_timeout_s)
     protection = Protection(settings, sensor=sensor)
-    run_cfg: RunConfig = settings.run
-
-    def probe_factory(plan: Any) -> Callable[[], Any]:
-        url = health_url(plan.host, plan.port, run_cfg.health_path)
-        return HttpHealthProbe(url, timeout_s=run_cfg.health_timeout_s).check
-
-    runner = Runner(
-        settings,
-        clock=SystemClock(),
-        store=store,
-        sensor=sensor,
-        notifier=SdNotifier(),
-        probe_factory=probe_factory,
-        components=protection.components,
-        death_hooks=protection.death_hooks,
-        resetter=protection.resetter,
-        release_hooks=(protection.record_release,),
-    )
+    runner = build_runner(settings, store, sensor, protection, notifier=SdNotifier())
     log.info(
         "settings",
         instance=settings.instance,
