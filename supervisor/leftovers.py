@@ -63,11 +63,15 @@ class GpuRelease:
     def wait(self, old_pids: Sequence[int], clock: Clock) -> None:
         """Block until no target GPU lists `old_pids` and memory is back near the baseline.
 
+        `old_pids` may be empty (a tree killed whole from outside, by the OOM killer or an
+        operator, is reaped before the supervisor reads it): the GPUs are checked all the same,
+        since a tree that died unseen can leave them as dirty as one we killed.
+
         Raises:
             GpuUnrecoverable: a GPU stays held after kill, wait and reset.
             StopRequested: from `clock` (an EventClock), when a stop signal arrives.
         """
-        if self.sensor is None or not old_pids:
+        if self.sensor is None:
             return
         result = cleanup.wait_for_gpu_release(
             self.sensor,

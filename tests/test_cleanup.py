@@ -196,6 +196,34 @@ def test_no_visible_gpus_or_no_targets_means_nothing_to_wait_for():
     ).ok
 
 
+def test_a_tree_that_died_unseen_still_gets_its_gpus_checked_before_a_relaunch(tmp_path):
+    """A tree killed whole from outside (the OOM killer, an operator's kill -9 of the group) is
+    reaped before the supervisor reads it: no PIDs are known, yet the memory it left is there."""
+    from supervisor.config import SupervisorConfig
+    from supervisor.launch import RunSettings
+    from supervisor.leftovers import GpuRelease
+    from supervisor.state import StateStore
+
+    clock = FakeClock()
+    settings = RunSettings(
+        config=SupervisorConfig(),
+        server_command=("server",),
+        server_args=(),
+        state_dir=tmp_path,
+    )
+    resetter = RecordingResetter(ok=False)
+    release = GpuRelease(
+        settings,
+        [0],
+        sensor=ScriptedGpus(clock, lambda t: (gpu(0, 5 * GB),)),
+        store=StateStore(tmp_path),
+        resetter=resetter,
+    )
+    with pytest.raises(GpuUnrecoverable):
+        release.wait((), clock)
+    assert resetter.calls == [(0, "GPU-0")]
+
+
 def test_baselines_are_measured_per_target_uuid():
     clock = FakeClock()
     sensor = ScriptedGpus(clock, lambda t: (gpu(0, 3), gpu(1, 4), gpu(2, 5)))
