@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ per_rank_overhead = "20MiB"
 main_overhead = "30MiB"
 
 [run]
-name = "wd"
+name = "{name}"
 state_dir = "{state_dir}"
 health_interval = "0.3s"
 health_timeout = "2s"
@@ -98,7 +99,11 @@ def supervised(
 ) -> Iterator[Run]:
     state_dir = tmp_path / "state"
     config = tmp_path / "wd.toml"
-    config.write_text(CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir, reset=reset))
+    # One instance name per test: a supervisor starting kills every live process carrying its
+    # instance's marker as a leftover, so two suites on one machine must never share a name.
+    name = f"wd-{uuid.uuid4().hex[:10]}"
+    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir, reset=reset, name=name)
+    config.write_text(text)
     env = fake_server_env(scenario, state_dir=gpus)
     log_path = tmp_path / "supervisor.log"
     argv = [sys.executable, "-m", "supervisor", "run", "--config", str(config)]
