@@ -112,6 +112,8 @@ class MemoryWatchdog:
         self.run_id = run_id
         self.clock: Clock = clock or _MonotonicClock()
         self.rescan_s = rescan_s
+        self._scanned_pids: frozenset[int] = frozenset()
+        self._members_settled = False
         self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
         self.tree: tuple[ProcessInfo, ...] = ()
         self._raw: tuple[ProcessInfo, ...] = ()
@@ -165,11 +167,21 @@ class MemoryWatchdog:
         now = self.clock.monotonic()
         # Near a threshold (short intervals) new members are looked for every second; an idle
         # box rescans every few seconds (the scan is ~3 ms for 150 processes).
-        idle = self.last is not None and self.last.next_interval_s >= self.limits.max_interval_s
+        # A tree whose membership still changes (ranks spawning while the server loads) is
+        # rescanned every rescan_s: otherwise ranks found late show their whole pinned pool as
+        # one tick's growth, and the trend term reads hundreds of GB/s.
+        idle = (
+            self._members_settled
+            and self.last is not None
+            and self.last.next_interval_s >= self.limits.max_interval_s
+        )
         rescan_s = self.rescan_s * (IDLE_RESCAN_FACTOR if idle else 1)
         if self.refresh is None or now - self._last_scan_s >= rescan_s or not self._raw:
             raw = self.server.tree()
             self._last_scan_s = now
+            pids = frozenset(p.pid for p in raw)
+            self._members_settled = pids == self._scanned_pids
+            self._scanned_pids = pids
         else:
             raw = self.refresh(self._raw)
         self._raw = raw

@@ -204,13 +204,35 @@ def test_the_kill_is_skipped_when_memory_recovers_before_the_signal(tmp_path: Pa
 
 
 def test_known_pids_are_read_between_full_scans(tmp_path: Path):
-    """Idle (1 s ticks): a full /proc scan every 5 s, the known PIDs re-read in between."""
+    """Idle (1 s ticks): once two scans agree on the members, a full /proc scan every 5 s and
+    the known PIDs re-read in between."""
     tree = FakeTree()
     dog, _events, clock = make(tree, tmp_path)
-    for _ in range(5):
-        dog.tick()
-        clock.now += 1.0
-    assert tree.scans == 1
-    clock.now += 0.5
     dog.tick()
+    clock.now += 1.0
+    dog.tick()
+    assert tree.scans == 2  # the second scan confirms the membership
+    for _ in range(4):
+        clock.now += 1.0
+        dog.tick()
     assert tree.scans == 2
+    clock.now += 1.5
+    dog.tick()
+    assert tree.scans == 3
+
+
+def test_ranks_that_appear_while_loading_are_found_within_a_second_not_read_as_growth(
+    tmp_path: Path,
+):
+    """Ranks spawned after the first scan come with their whole pinned pool; found 5 s late,
+    that pool would look like hundreds of GB/s of growth to the trend term."""
+    tree = FakeTree(ranks=4)
+    late = {pid: tree.ranks.pop(pid) for pid in (1003, 1004)}
+    dog, events, clock = make(tree, tmp_path)
+    dog.tick()
+    clock.now += 1.0
+    tree.ranks.update(late)
+    dog.tick()
+    assert {p.pid for p in dog.tree} == {1001, 1002, 1003, 1004}
+    assert events == []
+    assert tree.killed == []
