@@ -56,6 +56,12 @@ def launched(
         yield handle
     finally:
         server.kill_all("stop")
-        wait_until(lambda: not handle.live_tree(), timeout_s=10, what="server tree gone")
+        # A Z leader is not reaped yet while its other threads still exit: poll() until it is,
+        # or its Popen is collected "still running" (a ResourceWarning, an error here).
+        wait_until(
+            lambda: not handle.live_tree() and server.poll() is not None,
+            timeout_s=10,
+            what="server tree gone and its main process reaped",
+        )
         server.reap()
         server.close()
