@@ -8,7 +8,7 @@ with a smaller cache. Real memory stays tiny: 64 KiB stand for a simulated GB.
 
 How the simulation is watched (documented in the README): the ranks' host pools and the leak are
 shared memory (RssShmem), scaled up by the same factor; the simulated MemAvailable is the box's
-449 GB minus 6 GB for the OS minus that scaled charge. Everything else is the production code.
+449 GB minus 4 GB for the OS minus that scaled charge. Everything else is the production code.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from supervisor.core.readings import HostMemory, ProcessInfo
 from supervisor.core.units import GB, KiB
 
 BOX_TOTAL_BYTES = 449 * GB
-OS_USED_BYTES = 6 * GB  # the rest of the box: kernel, page tables, the supervisor itself
+# The seed box of issue 2: 449 GB of RAM, 445 GB MemAvailable before launch (kernel, page tables,
+# the supervisor itself take the rest), so the pre-flight suggests the same safe size, 49.
+OS_USED_BYTES = 4 * GB
 GPUS = 8
 REAL_BYTES_PER_GB = 64 * KiB  # 8 ranks × 40 GB of host pool = 20 MiB of real memory
 ASKED_GB = 300
@@ -103,8 +105,6 @@ gpu_memory = "143771MiB"
 
 [preflight]
 weights = "141GB"
-per_rank_overhead = "1GiB"  # the simulation has no torch/CUDA runtime to speak of
-main_overhead = "2GiB"
 
 [run]
 name = "demo"

@@ -39,17 +39,17 @@ def test_demo_tells_the_whole_story_and_the_override_survives_a_restart(
     try:
         assert code == 0, out
         assert "pre-flight REFUSES" in out
-        assert "safe --hicache-size 52" in out
+        assert "safe --hicache-size 49" in out
         assert "WATCHDOG: killed the whole group" in out
         assert "GPU 3 reset" in out
-        assert "restart smaller: --hicache-size 52 -> 39" in out
-        assert "server launching: 8 ranks, --hicache-size 39" in out
+        assert "restart smaller: --hicache-size 49 -> 36" in out
+        assert "server launching: 8 ranks, --hicache-size 36" in out
         assert "stopped cleanly" in out
         assert not marked_pids(simulated_process_guard), "the demo left processes behind"
 
         state_dir = workdir / "state"
         state = json.loads((state_dir / "state.json").read_text())
-        assert state["hicache_size_override_gb"] == 39
+        assert state["hicache_size_override_gb"] == 36
         incidents = sorted(state_dir.glob("incident-*-memory_kill-*.json"))
         assert len(incidents) == 1
         incident = json.loads(incidents[0].read_text())
@@ -86,7 +86,7 @@ def test_demo_tells_the_whole_story_and_the_override_survives_a_restart(
             check=False,
         )
         assert cleared.returncode == 0, cleared.stderr
-        assert "cleared --hicache-size override 39 GB" in cleared.stdout
+        assert "cleared --hicache-size override 36 GB" in cleared.stdout
         assert (
             json.loads((state_dir / "state.json").read_text())["hicache_size_override_gb"] is None
         )
@@ -97,7 +97,7 @@ def test_demo_tells_the_whole_story_and_the_override_survives_a_restart(
 
 
 def _restart_on_the_same_state(workdir: Path, tmp_path: Path) -> None:
-    """A fresh `sglang-supervisor run` with the demo's config and state: launches with 39."""
+    """A fresh `sglang-supervisor run` with the demo's config and state: launches with 36."""
     log_path = tmp_path / "restart.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -134,12 +134,12 @@ def _restart_on_the_same_state(workdir: Path, tmp_path: Path) -> None:
             timeout_s=60,
             what="override applied at the restart",
         )
-        assert applied[0]["hicache_size_gb"] == 39
+        assert applied[0]["hicache_size_gb"] == 36
         wait_until(lambda: events("ready"), timeout_s=60, what="restarted server ready")
         launching = events("launching")[0]
         argv = launching["argv"]
         assert isinstance(argv, list)
-        assert argv[argv.index("--hicache-size") + 1] == "39"
+        assert argv[argv.index("--hicache-size") + 1] == "36"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
