@@ -141,6 +141,11 @@ class GuardedGpuSensor:
                 worker.wait(timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
                 self._abandon(worker)
+                # Killed now: unless it is stuck in the driver it is gone within milliseconds, and
+                # reaped here its Popen never outlives the sensor unwaited.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.wait(timeout=1.0)
+                self._reap_abandoned()
             if worker.stdout is not None:
                 worker.stdout.close()
 

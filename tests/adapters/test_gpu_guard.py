@@ -52,6 +52,26 @@ def test_a_hanging_nvml_call_answers_unknown_within_the_deadline_and_alerts(
         guard.close()
 
 
+def test_a_worker_that_will_not_exit_at_close_is_killed_and_reaped(
+    make_gpu_state: Callable[..., Path],
+):
+    """Its NVML shutdown hangs: close() kills it, and reaps it too, so its Popen never outlives
+    the sensor unwaited (a ResourceWarning "subprocess N is still running" when collected)."""
+    state = make_gpu_state(1)
+    guard = GuardedGpuSensor("sim", sim_state_dir=state, timeout_s=0.5)
+    try:
+        assert guard.read_gpus() is not None
+        worker = guard._worker
+        assert worker is not None
+        gpu_state.set_nvml_hang(state, 30.0)
+        guard.close()
+        assert worker.returncode is not None
+        assert not Path(f"/proc/{worker.pid}").exists()  # reaped, not a zombie left behind
+    finally:
+        gpu_state.set_nvml_hang(state, None)
+        guard.close()
+
+
 def test_the_none_backend_watches_nothing():
     guard = GuardedGpuSensor("none")
     assert not guard.is_watching
