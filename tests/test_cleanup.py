@@ -235,13 +235,16 @@ def test_unrecorded_processes_are_ours_by_title_or_by_the_supervisor_marker():
     import os
     import subprocess
     import sys
+    import uuid
 
     from supervisor.adapters.procfs import INSTANCE_ENV
     from supervisor.cleanup import is_ours_by_sight
 
     code = "import time; time.sleep(30)"
     marked = subprocess.Popen(
-        [sys.executable, "-c", code], env={**os.environ, INSTANCE_ENV: "demo"}
+        # A name no supervisor runs under: a starting one kills its instance's marked processes.
+        [sys.executable, "-c", code],
+        env={**os.environ, INSTANCE_ENV: f"test-{uuid.uuid4().hex}"},
     )
     plain = subprocess.Popen([sys.executable, "-c", code])
     try:

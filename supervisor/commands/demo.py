@@ -72,6 +72,12 @@ def simulated_host(tree: tuple[ProcessInfo, ...] | Any) -> HostMemory:
     return HostMemory(total_bytes=BOX_TOTAL_BYTES, available_bytes=max(0, BOX_TOTAL_BYTES - used))
 
 
+def instance_name(workdir: Path) -> str:
+    """One instance per demo directory: a starting supervisor kills every live process carrying
+    its instance's marker as a leftover, so two demos at once must not share a name."""
+    return "demo-" + workdir.name.rsplit("-", 1)[-1]
+
+
 def demo_config_text(workdir: Path, model_dir: Path) -> str:
     scenario = {
         "startup_s": 0.3,
@@ -107,7 +113,7 @@ gpu_memory = "143771MiB"
 weights = "141GB"
 
 [run]
-name = "demo"
+name = {json.dumps(instance_name(workdir))}
 state_dir = {json.dumps(str(workdir / "state"))}
 backoff_initial = "1s"
 health_interval = "1s"
