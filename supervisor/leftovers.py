@@ -105,14 +105,15 @@ def clean_leftovers(
     clock: Clock,
     wait_released: Callable[[Sequence[int]], None],
 ) -> None:
-    """Before the first launch: kill processes of an earlier run of this instance, then wait for
-    their GPUs; fail on (or, when allowed, kill) other processes on the target GPUs.
+    """Before the first launch: kill processes of an earlier run of this instance; fail at once on
+    other processes on the target GPUs (or, when allowed, kill them too); then wait for the GPUs.
 
     Raises:
         PreflightFailed: foreign processes hold the target GPUs (their PIDs and titles named).
     """
     gpus = sensor.read_gpus() if sensor is not None else None
     found = find_leftovers(proc, state, settings.instance, gpus, gpu_indices)
+    foreign = foreign_gpu_holders(proc, gpus, gpu_indices, ours=(p.pid for p in found))
     if found:
         log.warning(
             "leftovers_found",
@@ -122,21 +123,19 @@ def clean_leftovers(
         )
         left = kill_processes(found, proc, clock, LEFTOVER_EXIT_WAIT_S)
         log.warning("leftovers_killed", pids=[p.pid for p in found], still_present=list(left))
-        wait_released(tuple(p.pid for p in found))
-        gpus = sensor.read_gpus() if sensor is not None else None
-    foreign = foreign_gpu_holders(proc, gpus, gpu_indices)
-    if not foreign:
-        return
-    if settings.run.kill_foreign_gpu_processes:
+    if foreign and not settings.run.kill_foreign_gpu_processes:
+        # Before any wait: with a foreign holder left alive, the release wait could only end
+        # after release_timeout as "GPUs not released" (exit 6) instead of naming it (exit 1).
+        named = ", ".join(f"pid {p.pid} ({p.title[:40]})" for p in foreign)
+        raise PreflightFailed(
+            f"other processes use the target GPUs {list(gpu_indices)}: {named}; stop them or "
+            "pass --kill-foreign-gpu-processes"
+        )
+    if foreign:
         log.warning("foreign_gpu_processes_killed", pids=[p.pid for p in foreign])
         kill_processes(foreign, proc, clock, LEFTOVER_EXIT_WAIT_S)
-        wait_released(tuple(p.pid for p in foreign))
-        return
-    named = ", ".join(f"pid {p.pid} ({p.title[:40]})" for p in foreign)
-    raise PreflightFailed(
-        f"other processes use the target GPUs {list(gpu_indices)}: {named}; stop them or "
-        "pass --kill-foreign-gpu-processes"
-    )
+    if found or foreign:
+        wait_released(tuple(p.pid for p in (*found, *foreign)))
 
 
 def find_leftovers(
@@ -163,10 +162,12 @@ def foreign_gpu_holders(
     gpu_indices: Sequence[int],
     ours: Iterable[int] = (),
 ) -> tuple[ProcessInfo, ...]:
-    """Live processes on the target GPUs that are not ours (NVML's lists)."""
+    """Live processes on the target GPUs that are not ours (NVML's lists); a zombie holds no GPU
+    memory any more and is nobody to stop."""
     mine = set(ours) | {os.getpid()}
     infos = (proc.read_process(pid) for pid in _gpu_pids(gpu_states, gpu_indices) - mine)
-    return tuple(sorted((i for i in infos if i is not None), key=lambda i: i.pid))
+    live = (i for i in infos if i is not None and not i.is_zombie)
+    return tuple(sorted(live, key=lambda i: i.pid))
 
 
 def _gpu_pids(gpu_states: Iterable[Any] | None, gpu_indices: Sequence[int]) -> set[int]:

@@ -90,3 +90,53 @@ def test_a_foreign_process_on_a_target_gpu_stops_the_start_unless_killing_is_all
     finally:
         foreign.kill()
         foreign.wait(timeout=10)
+
+
+def test_a_foreign_process_beside_a_leftover_is_named_at_once_not_waited_for(
+    tmp_path, free_port, simulated_process_guard, gpu_state_dir
+):
+    """The leftover is killed, but the foreign holder stops the start (exit 1, PID named) before
+    any wait: waiting for GPUs it keeps could only end as "GPUs not released" (exit 6)."""
+    state_dir = tmp_path / "shared-state"
+    marker = simulated_process_guard
+    scenario = {"orphan": {"kind": "double_fork", "holds_gpu": True, "lifetime_s": 60}}
+    with supervisor(
+        tmp_path,
+        free_port,
+        marker,
+        scenario=scenario,
+        state_dir=state_dir,
+        gpu_state_dir=gpu_state_dir,
+    ) as first:
+        first.wait_event("ready")
+        wait_until(
+            lambda: len(gpu_state.live_holders(gpu_state_dir, 0)) >= 2,
+            timeout_s=10,
+            what="the escapee holding GPU 0 beside rank 0",
+        )
+        first.signal(signal.SIGKILL)
+        first.wait_exit()
+        orphan = wait_until(
+            lambda: t if len(t := first.tree()) == 1 else None,
+            timeout_s=10,
+            what="only the escapee left",
+        )
+        assert orphan is not None
+        foreign = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            gpu_state.register_holder(gpu_state_dir, 1, 10 << 30, pid=foreign.pid)
+            with supervisor(
+                tmp_path, free_port, marker, state_dir=state_dir, gpu_state_dir=gpu_state_dir
+            ) as second:
+                assert second.wait_exit() == 1
+                assert orphan[0] in second.events("leftovers_killed")[0]["pids"]
+                assert f"pid {foreign.pid}" in second.log_text().strip().splitlines()[-1]
+                assert not second.events("gpu_release_failed")
+                assert not second.events("launching")
+                assert foreign.poll() is None
+        finally:
+            foreign.kill()
+            foreign.wait(timeout=10)
