@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, ProcReader
+from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV, ProcReader
 from supervisor.adapters.server_process import ServerProcess
 from supervisor.config import RunConfig, SupervisorConfig
 from supervisor.core.checks import FitReport
@@ -87,6 +87,7 @@ def server_env(
     env.update(extra)
     env[INSTANCE_ENV] = settings.instance
     env[RUN_ENV] = run_id
+    env[SUPERVISOR_ENV] = ProcReader().supervisor_mark()
     return env
 
 

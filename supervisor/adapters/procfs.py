@@ -18,6 +18,9 @@ from supervisor.core.units import KiB
 # included, so escapees of the process group are still recognised as ours.
 INSTANCE_ENV = "SGLANG_SUPERVISOR_INSTANCE"
 RUN_ENV = "SGLANG_SUPERVISOR_RUN_ID"
+# "<pid>:<start ticks>" of the supervisor that launched the tree: a marked process whose
+# supervisor still lives is not a leftover, it belongs to a running supervisor.
+SUPERVISOR_ENV = "SGLANG_SUPERVISOR_PID"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,15 +89,36 @@ class ProcReader:
 
     def environ_has(self, pid: int, name: str, value: str | None = None) -> bool:
         """Whether the process environment sets `name` (to `value` when given)."""
+        found = self.environ_value(pid, name)
+        return found is not None and (value is None or found == value)
+
+    def environ_value(self, pid: int, name: str) -> str | None:
+        """The value of `name` in the process environment (None: unset or unreadable)."""
         try:
             raw = (self.root / str(pid) / "environ").read_bytes()
         except OSError:
-            return False
+            return None
         prefix = f"{name}=".encode()
         for entry in raw.split(b"\0"):
             if entry.startswith(prefix):
-                return value is None or entry[len(prefix) :].decode(errors="replace") == value
-        return False
+                return entry[len(prefix) :].decode(errors="replace")
+        return None
+
+    def supervisor_mark(self) -> str:
+        """This process as SUPERVISOR_ENV spells it: "<pid>:<start ticks>"."""
+        pid = os.getpid()
+        return f"{pid}:{self.start_ticks(pid) or 0}"
+
+    def _supervised_by_another(self, pid: int) -> bool:
+        """The process was launched by a supervisor that is still alive and is not us."""
+        mark = self.environ_value(pid, SUPERVISOR_ENV)
+        if mark is None or mark == self.supervisor_mark():
+            return False
+        owner, _, ticks = mark.partition(":")
+        if not owner.isdigit():
+            return False
+        stat = self._stat(int(owner))
+        return stat is not None and stat.state not in "ZX" and str(stat.start_ticks) == ticks
 
     def read_process(self, pid: int) -> ProcessInfo | None:
         """One process, or None when it is gone (or unreadable)."""
@@ -183,8 +207,9 @@ class ProcReader:
         for stat in self._all_stats():
             if stat.pid in skip:
                 continue
-            mine = wanted.get(stat.pid) == stat.start_ticks or self.environ_has(
-                stat.pid, INSTANCE_ENV, instance
+            mine = wanted.get(stat.pid) == stat.start_ticks or (
+                self.environ_has(stat.pid, INSTANCE_ENV, instance)
+                and not self._supervised_by_another(stat.pid)
             )
             if mine and (info := self._info(stat)) is not None:
                 found[stat.pid] = info

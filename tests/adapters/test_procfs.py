@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, ProcReader
+from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV, ProcReader
 
 KIB = 1024
 
@@ -162,3 +162,18 @@ def test_the_real_proc_reads_this_process():
     assert me.state in "RS"
     assert me.rss_anon_bytes > 0
     assert "python" in me.title or "pytest" in me.title
+
+
+def test_marked_processes_of_another_live_supervisor_are_not_leftovers(tmp_path):
+    """A second supervisor of the same instance name (another state directory) must not take
+    the first one's live server for leftovers; once that supervisor is dead, they are."""
+    root = tmp_path / "proc"
+    root.mkdir()
+    write_proc(root, 1, ppid=0, pgid=1, cmdline="/sbin/init")
+    write_proc(root, 500, ppid=1, pgid=500, cmdline="sglang-supervisor run", start_ticks=4242)
+    marker = {INSTANCE_ENV: "qwen", SUPERVISOR_ENV: "500:4242"}
+    write_proc(root, 501, ppid=500, pgid=501, cmdline="sglang::scheduler_TP0", environ=marker)
+    orphan_marker = {INSTANCE_ENV: "qwen", SUPERVISOR_ENV: "600:77"}  # that supervisor is gone
+    write_proc(root, 502, ppid=1, pgid=502, cmdline="sglang::scheduler_TP1", environ=orphan_marker)
+    reader = ProcReader(root)
+    assert [p.pid for p in reader.find_leftovers(instance="qwen")] == [502]
