@@ -8,193 +8,15 @@ argparse's unique-prefix abbreviation is on (`--tp 8` works, `--pp 2` is ambiguo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from supervisor.core.units import parse_token_count
+from supervisor.core.sglang_flags import ALL_NAMES, BY_NAME, OTHER_FLAGS, Option
 
 
 class ArgvError(ValueError):
     """The launch_server argv is malformed or contradicts itself (exit 2)."""
 
-
-def _int(text: str) -> int:
-    return int(text)
-
-
-def _nonneg_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("must not be negative")
-    return value
-
-
-def _pos_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be at least 1")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise ValueError("must be in (0, 1]")
-    return value
-
-
-def _pos_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError("must be positive")
-    return value
-
-
-def _str(text: str) -> str:
-    return text
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 < value < 65536:
-        raise ValueError("must be a TCP port (1-65535)")
-    return value
-
-
-def _tokens(text: str) -> int:
-    return parse_token_count(text)
-
-
-@dataclass(frozen=True, slots=True)
-class _Option:
-    dest: str
-    names: tuple[str, ...]
-    convert: Callable[[str], object] | None  # None: a store_true flag
-    reason: str = ""  # human description of the accepted values, for error messages
-
-
-_KV_DTYPES = (
-    "auto",
-    "fp8_e5m2",
-    "fp8_e4m3",
-    "mxfp8",
-    "bf16",
-    "bfloat16",
-    "nvfp4",
-    "fp4_mx_block16",
-)
-
-
-def _kv_dtype(text: str) -> str:
-    if text not in _KV_DTYPES:
-        raise ValueError(f"must be one of {', '.join(_KV_DTYPES)}")
-    return text
-
-
-_OPTIONS: tuple[_Option, ...] = (
-    _Option("model_path", ("--model-path", "--model"), _str),
-    _Option("tp_size", ("--tp-size", "--tensor-parallel-size"), _pos_int, "a positive integer"),
-    _Option("dp_size", ("--dp-size", "--data-parallel-size"), _pos_int, "a positive integer"),
-    _Option("pp_size", ("--pp-size", "--pipeline-parallel-size"), _pos_int, "a positive integer"),
-    _Option(
-        "attn_dp_size",
-        ("--attn-dp-size", "--attention-data-parallel-size"),
-        _pos_int,
-        "a positive integer",
-    ),
-    _Option("enable_dp_attention", ("--enable-dp-attention",), None),
-    _Option("ep_size", ("--ep-size", "--expert-parallel-size", "--ep"), _pos_int, "an integer"),
-    _Option("nnodes", ("--nnodes",), _pos_int, "a positive integer"),
-    _Option("node_rank", ("--node-rank",), _nonneg_int, "a non-negative integer"),
-    _Option("mem_fraction_static", ("--mem-fraction-static",), _fraction, "a fraction in (0, 1]"),
-    _Option("max_total_tokens", ("--max-total-tokens",), _tokens, "a token count like 131072"),
-    _Option("kv_cache_dtype", ("--kv-cache-dtype",), _kv_dtype),
-    _Option("page_size", ("--page-size",), _pos_int, "a positive integer"),
-    _Option("enable_hierarchical_cache", ("--enable-hierarchical-cache", "--enable-hicache"), None),
-    _Option("hicache_ratio", ("--hicache-ratio",), _pos_float, "a positive number"),
-    _Option("hicache_size_gb", ("--hicache-size",), _nonneg_int, "a non-negative integer (GB)"),
-    _Option(
-        "hicache_host_memory_fraction",
-        ("--hicache-host-memory-fraction",),
-        _fraction,
-        "a fraction in (0, 1]",
-    ),
-    _Option("hicache_host_memory_mode", ("--hicache-host-memory-mode",), _str),
-    _Option("hicache_mem_layout", ("--hicache-mem-layout",), _str),
-    _Option("hicache_storage_backend", ("--hicache-storage-backend",), _str),
-    _Option("host", ("--host",), _str),
-    _Option("port", ("--port",), _port),
-    _Option("base_gpu_id", ("--base-gpu-id",), _nonneg_int, "a non-negative integer"),
-    _Option("gpu_id_step", ("--gpu-id-step",), _pos_int, "a positive integer"),
-    _Option("weight_loader_disable_mmap", ("--weight-loader-disable-mmap",), None),
-    _Option("cpu_offload_gb", ("--cpu-offload-gb",), _nonneg_int, "a non-negative integer (GB)"),
-    _Option("speculative_algorithm", ("--speculative-algorithm",), _str),
-    _Option("speculative_draft_model_path", ("--speculative-draft-model-path",), _str),
-    _Option("speculative_num_steps", ("--speculative-num-steps",), _pos_int, "an integer"),
-    _Option("speculative_eagle_topk", ("--speculative-eagle-topk",), _pos_int, "an integer"),
-    _Option(
-        "speculative_num_draft_tokens", ("--speculative-num-draft-tokens",), _pos_int, "an integer"
-    ),
-    _Option("api_key", ("--api-key",), _str),
-    _Option("admin_api_key", ("--admin-api-key",), _str),
-    _Option("enable_metrics", ("--enable-metrics",), None),
-    _Option("skip_server_warmup", ("--skip-server-warmup",), None),
-    _Option("served_model_name", ("--served-model-name",), _str),
-    _Option("config_file", ("--config",), _str),
-    _Option("tokenizer_worker_num", ("--tokenizer-worker-num",), _pos_int, "a positive integer"),
-    _Option("numa_node", ("--numa-node",), _str),
-)
-
-# Other launch_server flags that share prefixes with the ones above. They are passed through, but
-# argparse counts them when it resolves an abbreviation, so they make `--pp` ambiguous as in SGLang.
-_OTHER_FLAGS: tuple[str, ...] = (
-    "--pp-max-micro-batch-size",
-    "--pp-async-batch-depth",
-    "--tokenizer-path",
-    "--tokenizer-mode",
-    "--detokenizer-worker-num",
-    "--tool-call-parser",
-    "--torch-compile-max-bs",
-    "--torchao-config",
-    "--model-impl",
-    "--model-loader-extra-config",
-    "--modelopt-quant",
-    "--max-running-requests",
-    "--max-prefill-tokens",
-    "--max-queued-requests",
-    "--ep-num-redundant-experts",
-    "--ep-dispatch-algorithm",
-    "--dist-init-addr",
-    "--dist-timeout",
-    "--disable-cuda-graph",
-    "--disable-radix-cache",
-    "--enable-torch-compile",
-    "--enable-mixed-chunk",
-    "--enable-cache-report",
-    "--hicache-write-policy",
-    "--hicache-io-backend",
-    "--hicache-storage-prefetch-policy",
-    "--host-port",
-    "--port-range",
-    "--weight-loader-prefetch-checkpoints",
-    "--weight-loader-drop-cache-after-load",
-    "--watchdog-timeout",
-    "--soft-watchdog-timeout",
-    "--nccl-port",
-    "--nccl-init-addr",
-    "--gated-launch-port",
-    "--trust-remote-code",
-    "--chunked-prefill-size",
-    "--cuda-graph-max-bs",
-    "--quantization",
-    "--dtype",
-    "--context-length",
-    "--log-level",
-    "--attention-backend",
-)
-
-_BY_NAME: dict[str, _Option] = {name: opt for opt in _OPTIONS for name in opt.names}
-_ALL_NAMES: tuple[str, ...] = tuple(sorted(set(_BY_NAME) | set(_OTHER_FLAGS)))
 
 # The flags whose values are secrets: redacted in every log line, state file and report.
 SECRET_FLAGS: frozenset[str] = frozenset({"--api-key", "--admin-api-key"})
@@ -316,23 +138,23 @@ def _resolve_name(token: str) -> str | None:
     Raises:
         ArgvError: the abbreviation matches more than one launch_server flag.
     """
-    if token in _BY_NAME:
+    if token in BY_NAME:
         return token
-    if token in _OTHER_FLAGS:
+    if token in OTHER_FLAGS:
         return None
-    candidates = [name for name in _ALL_NAMES if name.startswith(token)]
+    candidates = [name for name in ALL_NAMES if name.startswith(token)]
     if not candidates:
         return None
-    targets = {(_BY_NAME[c].dest if c in _BY_NAME else c) for c in candidates}
+    targets = {(BY_NAME[c].dest if c in BY_NAME else c) for c in candidates}
     if len(candidates) > 1 and len(targets) > 1:
         raise ArgvError(f"ambiguous option: {token} could match {', '.join(candidates)}")
     first = candidates[0]
-    return first if first in _BY_NAME else None
+    return first if first in BY_NAME else None
 
 
-def _iter_options(argv: Sequence[str]) -> list[tuple[int, str, _Option, str | None, int]]:
+def _iter_options(argv: Sequence[str]) -> list[tuple[int, str, Option, str | None, int]]:
     """Find interpreted options: (index, token name, option, value, tokens consumed)."""
-    found: list[tuple[int, str, _Option, str | None, int]] = []
+    found: list[tuple[int, str, Option, str | None, int]] = []
     i = 0
     while i < len(argv):
         token = argv[i]
@@ -340,7 +162,7 @@ def _iter_options(argv: Sequence[str]) -> list[tuple[int, str, _Option, str | No
             i += 1
             continue
         name_part, has_eq, inline = token.partition("=")
-        if "_" in name_part and name_part not in _BY_NAME:
+        if "_" in name_part and name_part not in BY_NAME:
             dashed = name_part.replace("_", "-")
             if _resolve_name(dashed) is not None:
                 raise ArgvError(
@@ -350,7 +172,7 @@ def _iter_options(argv: Sequence[str]) -> list[tuple[int, str, _Option, str | No
         if full is None:
             i += 1
             continue
-        opt = _BY_NAME[full]
+        opt = BY_NAME[full]
         if opt.convert is None:
             if has_eq:
                 raise ArgvError(f"{name_part} takes no value (got {token!r})")
@@ -426,7 +248,7 @@ def with_flag_value(argv: Sequence[str], flag: str, value: str) -> tuple[str, ..
 
     The flag is appended when absent; nothing else in argv moves.
     """
-    opt = _BY_NAME[flag]
+    opt = BY_NAME[flag]
     out = list(argv)
     occurrences = [hit for hit in _iter_options(argv) if hit[2].dest == opt.dest]
     for index, name, _opt, _raw, consumed in reversed(occurrences):
