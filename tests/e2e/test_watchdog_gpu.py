@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters import reclaim
+from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.gpu_guard import GuardedGpuSensor
 from supervisor.adapters.gpu_reset import CommandGpuResetter
 from supervisor.cleanup import (
@@ -37,14 +38,6 @@ MiB = 2**20
 RESET = f"{sys.executable} -m supervisor.testing.fake_gpu_reset {{index}}"
 
 
-class Clock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
 def _kill_and_release(
     run: Launched,
     sensor: GuardedGpuSensor,
@@ -62,7 +55,7 @@ def _kill_and_release(
         sensor,
         [0, 1],
         old,
-        clock=Clock(),
+        clock=SystemClock(),
         baselines=baselines,
         timeout_s=timeout_s,
         resetter=(
@@ -169,7 +162,7 @@ def test_an_orphan_holding_a_gpu_is_found_and_killed(
             sensor,
             [0, 1],
             [],  # the old run's PIDs unknown: recognised by its SGLang title
-            clock=Clock(),
+            clock=SystemClock(),
             baselines=baselines,
             timeout_s=20,
             poll_interval_s=0.05,

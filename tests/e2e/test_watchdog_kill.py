@@ -6,12 +6,12 @@ import dataclasses
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.gpu_guard import GuardedGpuSensor
 from supervisor.cleanup import measure_baselines, wait_for_gpu_release
 from supervisor.core.policy import Level, Limits
@@ -31,14 +31,6 @@ QUIET_HOST = Limits(
     kill=Level(bytes_=1 * MiB),
     psi_full_warn_percent=None,
 )
-
-
-class _SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 def _charged(tree: tuple[ProcessInfo, ...]) -> int:
@@ -102,7 +94,7 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
                 sensor,
                 [0, 1],
                 old_pids,
-                clock=_SystemClock(),
+                clock=SystemClock(),
                 baselines=baselines,
                 timeout_s=20,
             )
