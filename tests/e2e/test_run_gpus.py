@@ -4,9 +4,12 @@ unless --kill-foreign-gpu-processes (issue 4, behaviour 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,15 +20,16 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 
-def test_a_leftover_holding_a_gpu_is_killed_and_its_memory_awaited(
-    tmp_path, free_port, simulated_process_guard, gpu_state_dir
-):
-    state_dir = tmp_path / "shared-state"
-    marker = simulated_process_guard
+@contextlib.contextmanager
+def escapee_of_a_killed_supervisor(
+    tmp_path: Path, port: int, marker: str, state_dir: Path, gpu_state_dir: Path
+) -> Iterator[list[int]]:
+    """A supervisor whose server has a double-forked escapee holding GPU 0 is SIGKILLed; yields
+    [escapee pid] once it is the only process of the tree left."""
     scenario = {"orphan": {"kind": "double_fork", "holds_gpu": True, "lifetime_s": 60}}
     with supervisor(
         tmp_path,
-        free_port,
+        port,
         marker,
         scenario=scenario,
         state_dir=state_dir,
@@ -46,6 +50,17 @@ def test_a_leftover_holding_a_gpu_is_killed_and_its_memory_awaited(
             what="only the escapee left",
         )
         assert orphan is not None
+        yield orphan
+
+
+def test_a_leftover_holding_a_gpu_is_killed_and_its_memory_awaited(
+    tmp_path, free_port, simulated_process_guard, gpu_state_dir
+):
+    state_dir = tmp_path / "shared-state"
+    marker = simulated_process_guard
+    with escapee_of_a_killed_supervisor(
+        tmp_path, free_port, marker, state_dir, gpu_state_dir
+    ) as orphan:
         assert orphan[0] in gpu_state.live_holders(gpu_state_dir, 0)
         with supervisor(
             tmp_path, free_port, marker, state_dir=state_dir, gpu_state_dir=gpu_state_dir
@@ -99,29 +114,9 @@ def test_a_foreign_process_beside_a_leftover_is_named_at_once_not_waited_for(
     any wait: waiting for GPUs it keeps could only end as "GPUs not released" (exit 6)."""
     state_dir = tmp_path / "shared-state"
     marker = simulated_process_guard
-    scenario = {"orphan": {"kind": "double_fork", "holds_gpu": True, "lifetime_s": 60}}
-    with supervisor(
-        tmp_path,
-        free_port,
-        marker,
-        scenario=scenario,
-        state_dir=state_dir,
-        gpu_state_dir=gpu_state_dir,
-    ) as first:
-        first.wait_event("ready")
-        wait_until(
-            lambda: len(gpu_state.live_holders(gpu_state_dir, 0)) >= 2,
-            timeout_s=10,
-            what="the escapee holding GPU 0 beside rank 0",
-        )
-        first.signal(signal.SIGKILL)
-        first.wait_exit()
-        orphan = wait_until(
-            lambda: t if len(t := first.tree()) == 1 else None,
-            timeout_s=10,
-            what="only the escapee left",
-        )
-        assert orphan is not None
+    with escapee_of_a_killed_supervisor(
+        tmp_path, free_port, marker, state_dir, gpu_state_dir
+    ) as orphan:
         foreign = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(60)"],
             stdin=subprocess.DEVNULL,
