@@ -122,9 +122,12 @@ class LaunchPlan:
         for _dp in range(self.data_parallel_replicas):
             for pp_rank in range(pp_per_node):
                 for tp_rank in range(tp_per_node):
+                    # SGLang: base + (pp_rank % pp_per_node) * tp_per_node
+                    #              + (tp_rank % tp_per_node) * gpu_id_step
                     ids.append(
                         self.base_gpu_id
-                        + (pp_rank * tp_per_node + tp_rank) * self.gpu_id_step
+                        + pp_rank * tp_per_node
+                        + tp_rank * self.gpu_id_step
                         + _dp * tp_per_node * pp_per_node * self.gpu_id_step
                     )
         return tuple(ids)

@@ -132,3 +132,17 @@ def test_redact_argv_hides_api_keys_in_both_forms() -> None:
     assert "sk-secret" not in " ".join(out)
     assert "adm-secret" not in " ".join(out)
     assert out == ("--api-key", "***", "--admin-api-key=***", "--tp", "2")
+
+
+def test_gpu_ids_with_pipeline_stages_follow_sglangs_formula() -> None:
+    """base + pp_rank × tp_per_node + tp_rank × gpu_id_step (sglang.md §3), step on TP only."""
+    assert parse_launch_args(
+        ["--tp", "2", "--pp-size", "2", "--base-gpu-id", "4"]
+    ).local_gpu_ids() == (
+        4,
+        5,
+        6,
+        7,
+    )
+    stepped = parse_launch_args(["--tp", "2", "--pp-size", "2", "--gpu-id-step", "2"])
+    assert stepped.local_gpu_ids() == (0, 2, 2, 4)
