@@ -73,8 +73,12 @@ def measure_baselines(sensor: GpuSensor, gpu_indices: Iterable[int]) -> dict[str
 
 def is_ours_by_sight(pid: int) -> bool:
     """A process NVML lists that we own though its PID was not recorded: an SGLang title, or the
-    supervisor's environment marker (inherited by every descendant, escapees included)."""
-    return reclaim.is_sglang_process(pid) or ProcReader().environ_has(pid, INSTANCE_ENV)
+    supervisor's environment marker (inherited by every descendant, escapees included). Never
+    a process whose launching supervisor is alive and not us: that tree is another instance's."""
+    proc = ProcReader()
+    if proc.supervised_by_another(pid):
+        return False
+    return reclaim.is_sglang_process(pid) or proc.environ_has(pid, INSTANCE_ENV)
 
 
 def _listed_pids(gpus: Sequence[GpuState] | None, targets: Iterable[int]) -> set[int]:

@@ -151,7 +151,14 @@ def find_leftovers(
     found = {p.pid: p for p in proc.find_leftovers(instance=instance, recorded=recorded)}
     for pid in _gpu_pids(gpu_states, gpu_indices):
         info = proc.read_process(pid)
-        if info is not None and pid != os.getpid() and is_sglang_title(info.title):
+        # A live supervisor's tree is never a leftover (another instance can leave a stray CUDA
+        # context on our GPUs): it is reported as a foreign holder instead.
+        if (
+            info is not None
+            and pid != os.getpid()
+            and is_sglang_title(info.title)
+            and not proc.supervised_by_another(pid)
+        ):
             found.setdefault(pid, info)
     return tuple(found[pid] for pid in sorted(found))
 

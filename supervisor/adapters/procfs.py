@@ -109,7 +109,7 @@ class ProcReader:
         pid = os.getpid()
         return f"{pid}:{self.start_ticks(pid) or 0}"
 
-    def _supervised_by_another(self, pid: int) -> bool:
+    def supervised_by_another(self, pid: int) -> bool:
         """The process was launched by a supervisor that is still alive and is not us."""
         mark = self.environ_value(pid, SUPERVISOR_ENV)
         if mark is None or mark == self.supervisor_mark():
@@ -209,7 +209,7 @@ class ProcReader:
                 continue
             mine = wanted.get(stat.pid) == stat.start_ticks or (
                 self.environ_has(stat.pid, INSTANCE_ENV, instance)
-                and not self._supervised_by_another(stat.pid)
+                and not self.supervised_by_another(stat.pid)
             )
             if mine and (info := self._info(stat)) is not None:
                 found[stat.pid] = info
