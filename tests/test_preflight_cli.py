@@ -230,6 +230,17 @@ def test_config_lacking_geometry_names_the_key(capsys, tmp_path):
     assert "num_hidden_layers" in err
 
 
+def test_config_with_zero_kv_bytes_per_token_is_bad_input(capsys, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"num_hidden_layers": 0, "num_attention_heads": 8, "hidden_size": 1024}')
+    code, out, err = run(
+        capsys, "preflight", *SEED_FACTS, "--model-config", str(bad), "--", *KIMI_ARGS
+    )
+    assert code == 2
+    assert "num_hidden_layers" in err
+    assert "Traceback" not in err + out
+
+
 def test_toml_syntax_error_gives_the_line(capsys, tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[server]\nargs = ["--tp", "8"\n\n[host]\n')

@@ -164,6 +164,11 @@ def bytes_per_token_per_rank(config: Mapping[str, Any], plan: LaunchPlan) -> int
         GeometryError: the config lacks a key the formula needs (the message names it).
     """
     total_bits = _row_bits(config, plan) * layers_per_rank(config, plan)
+    if total_bits <= 0:
+        raise GeometryError(
+            "config gives 0 bytes of KV cache per token: num_hidden_layers, head_dim / "
+            "hidden_size (MLA: kv_lora_rank + qk_rope_head_dim) must be positive"
+        )
     return int(-(-total_bits // 8))
 
 

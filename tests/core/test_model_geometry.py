@@ -143,6 +143,8 @@ def test_attention_kind_names_the_pool_layout():
             {"num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 8, "torch_dtype": "x"},
             "unknown KV dtype",
         ),
+        ({"num_hidden_layers": 0, "num_attention_heads": 8, "head_dim": 8}, "0 bytes of KV"),
+        ({"num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 0}, "0 bytes of KV"),
     ],
 )
 def test_incomplete_or_wrong_configs_name_the_key(config, message):
