@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 
 import click
 
@@ -55,4 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except Exception:  # noqa: BLE001 - a bug: exit 70 (restarted), not Python's 1 (= no fit)
+        traceback.print_exc()
+        click.echo("sglang-supervisor: internal error (a bug; traceback above)", err=True)
+        sys.exit(ExitCode.INTERNAL)
     sys.exit(rc if isinstance(rc, int) else ExitCode.OK)

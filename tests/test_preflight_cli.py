@@ -241,6 +241,19 @@ def test_config_with_zero_kv_bytes_per_token_is_bad_input(capsys, tmp_path):
     assert "Traceback" not in err + out
 
 
+def test_an_unexpected_exception_exits_70_as_an_internal_error(capsys, monkeypatch):
+    import supervisor.preflight
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(supervisor.preflight, "run_preflight", broken)
+    code, _, err = run(capsys, "preflight", *SEED_FACTS, "--", *KIMI_ARGS)
+    assert code == 70
+    assert "RuntimeError: boom" in err
+    assert "internal error" in err
+
+
 def test_toml_syntax_error_gives_the_line(capsys, tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[server]\nargs = ["--tp", "8"\n\n[host]\n')
