@@ -23,6 +23,7 @@ from supervisor.core.checks import FitReport
 from supervisor.core.redact import redact_env
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
+from supervisor.incident import redact_line
 from supervisor.ports import GpuSensor
 from supervisor.state import ProcessRef, RunState, StateStore
 
@@ -238,7 +239,7 @@ def record_launch(
 def record_tree(store: StateStore, server: ServerProcess) -> None:
     """Every PID of the ready tree with its start time: a later run finds leftovers by them."""
     refs = tuple(
-        ProcessRef(pid=p.pid, start_ticks=ticks, title=p.title[:60])
+        ProcessRef(pid=p.pid, start_ticks=ticks, title=redact_line(p.title)[:60])
         for p in server.tree()
         if (ticks := server.proc.start_ticks(p.pid)) is not None
     )

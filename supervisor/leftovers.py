@@ -20,6 +20,7 @@ from supervisor.core.classify import FailureKind
 from supervisor.core.liveness import is_sglang_title
 from supervisor.core.readings import ProcessInfo
 from supervisor.errors import PreflightFailed
+from supervisor.incident import redact_line
 from supervisor.launch import RunSettings
 from supervisor.ports import Clock, GpuResetter, GpuSensor
 from supervisor.state import RunState, StateStore
@@ -118,7 +119,7 @@ def clean_leftovers(
         log.warning(
             "leftovers_found",
             pids=[p.pid for p in found],
-            titles=[p.title[:60] for p in found],
+            titles=[redact_line(p.title)[:60] for p in found],
             previous_run_id=state.run_id or None,
         )
         left = kill_processes(found, proc, clock, LEFTOVER_EXIT_WAIT_S)
@@ -126,7 +127,7 @@ def clean_leftovers(
     if foreign and not settings.run.kill_foreign_gpu_processes:
         # Before any wait: with a foreign holder left alive, the release wait could only end
         # after release_timeout as "GPUs not released" (exit 6) instead of naming it (exit 1).
-        named = ", ".join(f"pid {p.pid} ({p.title[:40]})" for p in foreign)
+        named = ", ".join(f"pid {p.pid} ({redact_line(p.title)[:40]})" for p in foreign)
         raise PreflightFailed(
             f"other processes use the target GPUs {list(gpu_indices)}: {named}; stop them or "
             "pass --kill-foreign-gpu-processes"

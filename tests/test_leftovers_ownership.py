@@ -9,11 +9,17 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+from structlog.testing import capture_logs
+
 from supervisor.adapters.procfs import INSTANCE_ENV, SUPERVISOR_ENV, ProcReader
 from supervisor.cleanup import is_ours_by_sight
-from supervisor.core.readings import GpuProcess, GpuState
-from supervisor.leftovers import find_leftovers, foreign_gpu_holders
-from supervisor.state import RunState
+from supervisor.config import SupervisorConfig
+from supervisor.core.readings import GpuProcess, GpuState, ProcessInfo
+from supervisor.errors import PreflightFailed
+from supervisor.launch import RunSettings, record_tree
+from supervisor.leftovers import clean_leftovers, find_leftovers, foreign_gpu_holders
+from supervisor.state import STATE_FILE, ProcessRef, RunState, StateStore
 from tests.adapters.test_procfs import write_proc
 
 
@@ -60,3 +66,109 @@ def test_a_process_launched_by_another_live_supervisor_is_not_ours_by_sight() ->
     finally:
         other.kill()
         other.wait()
+
+
+# Above Linux's largest pid_max (2**22): a SIGKILL sent to it can reach no real process.
+NO_PID = 2**22 + 12345
+SECRET_TITLE = "python3 -m sglang.launch_server --api-key sk-live-0123456789 --tp 8"
+
+
+class _FakeServer:
+    """What record_tree reads of a ServerProcess: the tree and each PID's start time."""
+
+    def __init__(self, tree: tuple[ProcessInfo, ...]) -> None:
+        self._tree = tree
+        self.proc = self
+
+    def tree(self) -> tuple[ProcessInfo, ...]:
+        return self._tree
+
+    def start_ticks(self, pid: int) -> int:
+        return 1000 + pid
+
+
+def test_recorded_tree_titles_in_the_state_file_hold_no_api_key(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    main = ProcessInfo(pid=200, ppid=100, pgid=200, state="S", title=SECRET_TITLE)
+    record_tree(store, _FakeServer((main,)))  # type: ignore[arg-type]
+    text = (tmp_path / STATE_FILE).read_text()
+    assert "sk-live" not in text
+    assert store.load().server_pids[0].pid == 200
+
+
+def test_foreign_gpu_holder_named_in_the_refusal_without_its_api_key(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    write_proc(root, 1, ppid=0, pgid=1, cmdline="/sbin/init")
+    write_proc(root, NO_PID, ppid=1, pgid=NO_PID, cmdline="vllm --api-key sk-live-0123456789")
+    settings = RunSettings(
+        config=SupervisorConfig(),
+        server_command=("server",),
+        server_args=(),
+        state_dir=tmp_path,
+    )
+    with pytest.raises(PreflightFailed) as exc:
+        clean_leftovers(
+            ProcReader(root),
+            RunState(),
+            settings,
+            [0],
+            sensor=_Gpus((_gpu(0, NO_PID),)),
+            clock=_InstantClock(),
+            wait_released=lambda pids: None,
+        )
+    assert f"pid {NO_PID}" in str(exc.value)
+    assert "sk-live" not in str(exc.value)
+
+
+def test_leftovers_found_log_holds_no_api_key(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    root.mkdir()
+    write_proc(root, 1, ppid=0, pgid=1, cmdline="/sbin/init")
+    # Recorded by the earlier run, and long gone by the kill: the title is only logged.
+    write_proc(root, NO_PID, ppid=1, pgid=NO_PID, cmdline="py --api-key sk-live-0123456789")
+    state = RunState(server_pids=(ProcessRef(pid=NO_PID, start_ticks=1000, title="server"),))
+    settings = RunSettings(
+        config=SupervisorConfig(),
+        server_command=("server",),
+        server_args=(),
+        state_dir=tmp_path,
+    )
+    with capture_logs() as logs:
+        clean_leftovers(
+            ProcReader(root),
+            state,
+            settings,
+            [0],
+            sensor=None,
+            clock=_InstantClock(),
+            wait_released=lambda pids: None,
+        )
+    found = [e for e in logs if e["event"] == "leftovers_found"]
+    assert found
+    assert found[0]["pids"] == [NO_PID]
+    assert "sk-live" not in repr(logs)
+
+
+class _Gpus:
+    def __init__(self, gpus: tuple[GpuState, ...]) -> None:
+        self._gpus = gpus
+
+    def read_gpus(self) -> tuple[GpuState, ...]:
+        return self._gpus
+
+    def close(self) -> None:
+        pass
+
+
+class _InstantClock:
+    """Deadlines pass at once: kill_processes gives up on a fake /proc entry immediately."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def monotonic(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds + 100.0
