@@ -169,8 +169,14 @@ def wait_for_gpu_release(
             return dataclasses.replace(result, ok=False, reason=decision.reason, elapsed_s=elapsed)
         if decision.action is ReleaseAction.KILL:
             for pid in decision.kill_pids:
-                gone = not kill(pid)
                 killed.add(pid)
+                try:
+                    gone = not kill(pid)
+                except PermissionError:
+                    # Another user's process: not ours to kill. The wait runs out and ends in
+                    # a named exit 6 rather than an internal error (exit 70) restarted forever.
+                    log.error("gpu_holder_not_killable", pid=pid, reason="permission denied")
+                    continue
                 log.warning("gpu_holder_killed", pid=pid, already_gone=gone)
             continue
         if decision.action is ReleaseAction.RESET and resetter is not None:

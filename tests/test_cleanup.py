@@ -126,6 +126,21 @@ def test_a_live_orphan_of_ours_is_killed_once_and_the_gpu_then_frees():
     assert result.killed_pids == (100,)
 
 
+def test_a_holder_we_may_not_kill_ends_in_a_failed_release_not_a_crash():
+    clock = FakeClock()
+    tried: list[int] = []
+
+    def kill(pid: int) -> bool:
+        tried.append(pid)
+        raise PermissionError(1, "Operation not permitted")
+
+    sensor = ScriptedGpus(clock, lambda t: (gpu(0, 5 * GB, 100), gpu(1, 0)))
+    result = run(sensor, clock, states={100: "S"}, kill=kill)
+    assert not result.ok
+    assert tried == [100]
+    assert result.killed_pids == (100,)
+
+
 def test_stuck_memory_is_reset_after_the_timeout_and_then_relaunch_is_allowed():
     clock = FakeClock()
     stuck = {1}
