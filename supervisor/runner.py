@@ -153,24 +153,25 @@ class Runner:
         """One launch, watched until it dies (the report) or a stop signal (None)."""
         argv = self.prepare_argv()
         server = self.launch(argv)
-        info = LaunchInfo(
-            run_id=self.run_id,
-            argv=argv,
-            plan=parse_launch_args(argv),
-            expected_total_bytes=self.expected_total_bytes,
-            state_dir=str(self.settings.state_dir),
-        )
         started: list[Component] = []
-        monitor = LaunchMonitor(
-            server,
-            run=self.run_cfg,
-            expected_ranks=self.plan.local_ranks,
-            probe=self.probe_factory(self.plan),
-            clock=self.clock,
-            gpu_used_bytes=self._gpu_used if self.sensor is not None else None,
-        )
-        oom_kills_at_launch = self.proc.oom_kill_count()
+        monitor: LaunchMonitor | None = None
         try:
+            info = LaunchInfo(
+                run_id=self.run_id,
+                argv=argv,
+                plan=parse_launch_args(argv),
+                expected_total_bytes=self.expected_total_bytes,
+                state_dir=str(self.settings.state_dir),
+            )
+            monitor = LaunchMonitor(
+                server,
+                run=self.run_cfg,
+                expected_ranks=self.plan.local_ranks,
+                probe=self.probe_factory(self.plan),
+                clock=self.clock,
+                gpu_used_bytes=self._gpu_used if self.sensor is not None else None,
+            )
+            oom_kills_at_launch = self.proc.oom_kill_count()
             started = [c for f in self.components if (c := f(server, self.events.put_nowait, info))]
             for component in started:
                 component.start()
@@ -186,7 +187,8 @@ class Runner:
             wait_tree_gone(server, self.clock)
             raise
         finally:
-            monitor.close()
+            if monitor is not None:
+                monitor.close()
             for component in started:
                 component.stop()
             server.close()
@@ -252,13 +254,20 @@ class Runner:
         self._launched_argv = argv
         structlog.contextvars.bind_contextvars(server_pid=server.pid)
         log.info("server_launched", pid=server.pid, pgid=server.pgid)
-        launch.record_launch(
-            self.store,
-            self.settings,
-            server,
-            restart_count=self.budget.total_restarts,
-            gpu_indices=self.plan.local_gpu_ids(),
-        )
+        try:
+            launch.record_launch(
+                self.store,
+                self.settings,
+                server,
+                restart_count=self.budget.total_restarts,
+                gpu_indices=self.plan.local_gpu_ids(),
+            )
+        except BaseException:
+            # A full disk must not leave a tree running that nobody watches.
+            server.kill_all("stop", "supervisor error")
+            wait_tree_gone(server, self.clock)
+            server.close()
+            raise
         return server
 
     def advance_startup(self, monitor: LaunchMonitor, new: ServerState) -> None:
