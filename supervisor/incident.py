@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import threading
 import time
@@ -21,20 +20,11 @@ import structlog
 from supervisor.atomic_file import write_text_atomic
 from supervisor.core.policy import Decision, Limits, Reading
 from supervisor.core.readings import GpuState, ProcessInfo
+from supervisor.core.redact import redact_line
 
 log = structlog.get_logger("supervisor.incident")
 
 TOP_PROCESSES = 10
-
-# Belt and braces on top of the output pump's redaction: flag values and KEY/TOKEN/SECRET
-# environment assignments that a server might print.
-_SECRET_FLAG = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
-_SECRET_ENV = re.compile(r"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET)[A-Z0-9_]*=)(\S+)")
-
-
-def redact_line(line: str) -> str:
-    """Hide `--api-key X`, `--admin-api-key=X` and `SOMETHING_TOKEN=X` values."""
-    return _SECRET_ENV.sub(r"\1***", _SECRET_FLAG.sub(r"\1***", line))
 
 
 def _read_text(path: Path) -> str | None:

@@ -20,10 +20,9 @@ from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV, Pr
 from supervisor.adapters.server_process import ServerProcess
 from supervisor.config import RunConfig, SupervisorConfig
 from supervisor.core.checks import FitReport
-from supervisor.core.redact import redact_env
+from supervisor.core.redact import redact_env, redact_line
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
-from supervisor.incident import redact_line
 from supervisor.ports import GpuSensor
 from supervisor.state import ProcessRef, RunState, StateStore
 
@@ -95,7 +94,7 @@ def server_env(
 def describe_settings(settings: RunSettings, plan: LaunchPlan) -> dict[str, Any]:
     """The effective settings for the one `settings` log event, secrets redacted."""
     return {
-        "server_command": list(settings.server_command),
+        "server_command": [redact_line(t) for t in redact_argv(settings.server_command)],
         "server_args": list(redact_argv(settings.server_args)),
         "server_env": redact_env(settings.config.server.env),
         "crash_dumps": settings.config.server.crash_dumps,

@@ -19,8 +19,8 @@ from supervisor.adapters.procfs import ProcReader
 from supervisor.core.classify import FailureKind
 from supervisor.core.liveness import is_sglang_title
 from supervisor.core.readings import ProcessInfo
+from supervisor.core.redact import redact_line
 from supervisor.errors import PreflightFailed
-from supervisor.incident import redact_line
 from supervisor.launch import RunSettings
 from supervisor.ports import Clock, GpuResetter, GpuSensor
 from supervisor.state import RunState, StateStore

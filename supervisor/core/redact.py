@@ -6,6 +6,7 @@ environment variable whose name contains KEY, TOKEN or SECRET.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from supervisor.core.sglang_args import LaunchPlan
@@ -14,6 +15,17 @@ MASK = "***"
 _SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET")
 # Values this short would mask ordinary words in every line; nobody uses a 3-letter API key.
 _MIN_SECRET_LEN = 4
+
+
+# For text whose secrets are not known in advance (process titles, commands, a server's log):
+# flag values and KEY/TOKEN/SECRET environment assignments.
+_SECRET_FLAG = re.compile(r"(--(?:admin-)?api-key(?:=|\s+))(\S+)")
+_SECRET_ENV = re.compile(r"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET)[A-Z0-9_]*=)(\S+)")
+
+
+def redact_line(line: str) -> str:
+    """Hide `--api-key X`, `--admin-api-key=X` and `SOMETHING_TOKEN=X` values."""
+    return _SECRET_ENV.sub(r"\1***", _SECRET_FLAG.sub(r"\1***", line))
 
 
 def is_secret_name(name: str) -> bool:

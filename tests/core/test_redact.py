@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from supervisor.core.redact import Redactor, redact_env, secret_values
+import pytest
+
+from supervisor.core.redact import Redactor, redact_env, redact_line, secret_values
 from supervisor.core.sglang_args import parse_launch_args
 
 
@@ -31,3 +33,16 @@ def test_api_keys_and_secret_env_values_are_masked_inside_lines():
 
 def test_very_short_values_are_not_used_as_masks():
     assert secret_values(None, {"X_TOKEN": "a"}) == ()
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("python -m sglang.launch_server --api-key sk-1234 --tp 8", "--api-key *** --tp 8"),
+        ("--admin-api-key=adm-5678", "--admin-api-key=***"),
+        ("env HF_TOKEN=hf_abcdef python", "HF_TOKEN=*** python"),
+        ("MY_SECRET_VALUE=xyz1 OTHER=keep", "MY_SECRET_VALUE=*** OTHER=keep"),
+    ],
+)
+def test_redact_line_hides_secrets_it_was_not_told_about(line: str, expected: str) -> None:
+    assert redact_line(line).endswith(expected)

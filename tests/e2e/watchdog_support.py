@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.server_process import ServerProcess
-from supervisor.incident import redact_line
+from supervisor.core.redact import redact_line
 from supervisor.watchdog import WatchdogEvent
 from tests.testing.support import fake_server_argv, fake_server_env, http_status
 from tests.waiting import wait_until
