@@ -3,7 +3,6 @@ reset by the (simulated) reset command, a failing reset, an orphan holder, NVML 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import signal
@@ -25,11 +24,10 @@ from supervisor.cleanup import (
     raise_if_unrecoverable,
     wait_for_gpu_release,
 )
-from supervisor.core.policy import Level, Limits
 from supervisor.errors import ExitCode, GpuUnrecoverable
 from supervisor.testing import gpu_state
 from supervisor.watchdog import MemoryWatchdog
-from tests.e2e.watchdog_support import Launched, launched
+from tests.e2e.watchdog_support import Launched, launched, tree_limits
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -219,14 +217,7 @@ def test_memory_kills_happen_on_time_while_nvml_hangs(
         blocked = threading.Thread(target=sensor.read_gpus, daemon=True)
         blocked.start()
         expected = sum(p.charged_bytes for p in run.server.tree())
-        limits = Limits(
-            warn=Level(bytes_=3 * MiB),
-            terminate=Level(bytes_=2 * MiB),
-            kill=Level(bytes_=1 * MiB),
-            psi_full_warn_percent=None,
-            tree_budget_bytes=expected + 4 * MiB,
-            tree_kill_bytes=expected + 16 * MiB,
-        )
+        limits = tree_limits(expected)
         dog = MemoryWatchdog(
             run.server,
             limits,
@@ -245,5 +236,3 @@ def test_memory_kills_happen_on_time_while_nvml_hangs(
         blocked.join(timeout=15)
         assert sensor.hangs == 1
     gpu_state.set_nvml_hang(gpus, None)
-    assert dataclasses.is_dataclass(limits)
-    assert os.getpid()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -14,25 +13,18 @@ import pytest
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.gpu_guard import GuardedGpuSensor
 from supervisor.cleanup import measure_baselines, wait_for_gpu_release
-from supervisor.core.policy import Level, Limits
 from supervisor.core.readings import ProcessInfo
 from supervisor.watchdog import MemoryWatchdog
-from tests.e2e.watchdog_support import launched
+from tests.e2e.watchdog_support import launched, tree_limits
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 MiB = 2**20
+
+
 # Host levels far below anything this box reaches: these tests exercise the tree budget with
 # the real /proc/meminfo, never a host-wide emergency on a shared machine.
-QUIET_HOST = Limits(
-    warn=Level(bytes_=3 * MiB),
-    terminate=Level(bytes_=2 * MiB),
-    kill=Level(bytes_=1 * MiB),
-    psi_full_warn_percent=None,
-)
-
-
 def _charged(tree: tuple[ProcessInfo, ...]) -> int:
     return sum(p.charged_bytes for p in tree)
 
@@ -54,11 +46,7 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
             ranks = [p for p in run.server.tree() if p.title.startswith("sglang::scheduler")]
             assert len(ranks) == 2
             expected = _charged(run.server.tree())
-            limits = dataclasses.replace(
-                QUIET_HOST,
-                tree_budget_bytes=expected + 4 * MiB,
-                tree_kill_bytes=expected + 16 * MiB,
-            )
+            limits = tree_limits(expected)
             dog = MemoryWatchdog(
                 run.server,
                 limits,
@@ -133,11 +121,7 @@ def test_mmapped_file_pages_never_trigger_a_kill(tmp_path: Path, free_port: int)
                 return (*tree, *reader.processes([hog.pid]))
 
             expected = _charged(with_hog(run.server.tree()))
-            limits = dataclasses.replace(
-                QUIET_HOST,
-                tree_budget_bytes=expected + 4 * MiB,
-                tree_kill_bytes=expected + 16 * MiB,
-            )
+            limits = tree_limits(expected)
             dog = MemoryWatchdog(
                 run.server,
                 limits,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -11,10 +12,29 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.server_process import ServerProcess
+from supervisor.core.policy import Level, Limits
 from supervisor.core.redact import redact_line
 from supervisor.watchdog import WatchdogEvent
 from tests.testing.support import fake_server_argv, fake_server_env, http_status
 from tests.waiting import wait_until
+
+MiB = 2**20
+# Host levels far below anything this machine reaches: only the tree's own budget can fire.
+QUIET_HOST = Limits(
+    warn=Level(bytes_=3 * MiB),
+    terminate=Level(bytes_=2 * MiB),
+    kill=Level(bytes_=1 * MiB),
+    psi_full_warn_percent=None,
+)
+
+
+def tree_limits(expected_bytes: int) -> Limits:
+    """QUIET_HOST with a tree budget 4 MiB and a kill line 16 MiB above `expected_bytes`."""
+    return dataclasses.replace(
+        QUIET_HOST,
+        tree_budget_bytes=expected_bytes + 4 * MiB,
+        tree_kill_bytes=expected_bytes + 16 * MiB,
+    )
 
 
 @dataclass

@@ -45,6 +45,20 @@ def fake_server_argv(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "supervisor.testing.fake_sglang", *args]
 
 
+def run_fake_to_exit(
+    args: Sequence[str], env: Mapping[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """Run the simulation that is expected to exit by itself (bad input), capturing its output."""
+    return subprocess.run(
+        fake_server_argv(args),
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 def http_status(
     port: int, path: str, *, timeout_s: float = 5.0, host: str = "127.0.0.1"
 ) -> int | None:

@@ -6,7 +6,6 @@ import http.client
 import json
 import os
 import signal
-import subprocess
 from pathlib import Path
 
 import psutil
@@ -15,7 +14,7 @@ import pytest
 from supervisor.core import fit, model_geometry
 from supervisor.core.sglang_args import parse_launch_args
 from supervisor.testing.layout import local_ranks
-from tests.testing.support import fake_server_argv, fake_server_env, http_json
+from tests.testing.support import fake_server_env, http_json, run_fake_to_exit
 from tests.waiting import wait_until
 
 HICACHE_50GB = ["--enable-hierarchical-cache", "--hicache-size", "50"]
@@ -129,28 +128,14 @@ def test_a_rank_killed_by_a_signal_is_noticed_by_the_subprocess_watchdog(start_f
 
 def test_bad_flags_exit_2_with_an_argparse_message_before_starting():
     env = fake_server_env({"bad_flags": ["--foo"]})
-    result = subprocess.run(
-        fake_server_argv(["--model-path", "m", "--foo", "1"]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = run_fake_to_exit(["--model-path", "m", "--foo", "1"], env)
     assert result.returncode == 2
     assert "launch_server.py: error: unrecognized arguments: --foo" in result.stderr
 
 
 def test_a_malformed_scenario_exits_2_naming_the_key():
     env = fake_server_env({"crash": {"rank": 0, "after": 1, "signal": "SIGKILL"}})
-    result = subprocess.run(
-        fake_server_argv(["--model-path", "m"]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = run_fake_to_exit(["--model-path", "m"], env)
     assert result.returncode == 2
     assert "crash.after" in result.stderr
     assert "Traceback" not in result.stderr

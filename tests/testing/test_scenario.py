@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 
 import pytest
 
 from supervisor.testing.scenario import Scenario, ScenarioError, parse_scenario
-from tests.testing.support import fake_server_argv, fake_server_env
+from tests.testing.support import fake_server_env, run_fake_to_exit
 
 
 @pytest.mark.parametrize("text", [None, "", "  ", "{}"])
@@ -61,13 +60,6 @@ def test_bad_scenarios_are_refused_naming_the_problem(text, named):
 def test_a_bad_scale_factor_exits_2():
     env = fake_server_env()
     env["FAKE_SGLANG_BYTES_PER_GB"] = "1MiB"
-    result = subprocess.run(
-        fake_server_argv(["--model-path", "m"]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = run_fake_to_exit(["--model-path", "m"], env)
     assert result.returncode == 2
     assert "FAKE_SGLANG_BYTES_PER_GB" in result.stderr
