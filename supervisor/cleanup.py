@@ -20,6 +20,7 @@ from supervisor.core.gpu_release import (
     assess_gpus,
     decide_release,
 )
+from supervisor.core.liveness import is_sglang_title
 from supervisor.core.readings import GpuState
 from supervisor.core.units import GiB
 from supervisor.errors import GpuUnrecoverable
@@ -78,7 +79,7 @@ def is_ours_by_sight(pid: int) -> bool:
     proc = ProcReader()
     if proc.supervised_by_another(pid):
         return False
-    return reclaim.is_sglang_process(pid) or proc.environ_has(pid, INSTANCE_ENV)
+    return is_sglang_title(proc.title(pid)) or proc.environ_has(pid, INSTANCE_ENV)
 
 
 def _listed_pids(gpus: Sequence[GpuState] | None, targets: Iterable[int]) -> set[int]:

@@ -95,17 +95,3 @@ def process_state(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     # The comm field may contain spaces and parentheses; the state follows the last ')'.
     tail = raw[raw.rfind(b")") + 1 :].split()
     return tail[0].decode("ascii", "replace") if tail else None
-
-
-def process_title(pid: int, proc_root: Path = Path("/proc")) -> str:
-    """The command line as ps shows it (setproctitle titles included), "" when gone."""
-    try:
-        raw = (proc_root / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
-
-
-def is_sglang_process(pid: int, proc_root: Path = Path("/proc")) -> bool:
-    """True for SGLang's titled processes (`sglang::scheduler_TP0`, `sglang::detokenizer`)."""
-    return process_title(pid, proc_root).startswith("sglang::")
