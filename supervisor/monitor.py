@@ -11,7 +11,6 @@ import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from supervisor.adapters import proc_status
 from supervisor.adapters.server_process import ServerProcess
 from supervisor.config import RunConfig
 from supervisor.core.classify import FailureKind
@@ -123,7 +122,7 @@ class LaunchMonitor:
 
     def _read_tree(self, now: float) -> tuple[ProcessInfo, ...]:
         if self.state is ServerState.READY and now - self._scanned_s < READY_RESCAN_S:
-            self._tree = proc_status.refresh(self._tree)
+            self._tree = self.server.proc.refresh(self._tree)
         else:
             self._tree = self.server.tree()
             self._scanned_s = now

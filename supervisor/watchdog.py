@@ -20,8 +20,9 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.adapters import proc_status, reclaim
+from supervisor.adapters import reclaim
 from supervisor.adapters.host import HostProbe, HostReadError
+from supervisor.adapters.procfs import ProcReader
 from supervisor.adapters.psi import MemoryPressure, read_memory_pressure
 from supervisor.core.policy import Decision, Limits, Reading, Verdict, decide
 from supervisor.core.readings import GpuState, HostMemory, ProcessInfo
@@ -54,6 +55,7 @@ class WatchdogEvent:
 
 HostSource = Callable[[Sequence[ProcessInfo]], HostMemory]
 # Re-reads the processes found by the last scan (vanished ones left out).
+_PROC = ProcReader()
 Refresher = Callable[[tuple[ProcessInfo, ...]], tuple[ProcessInfo, ...]]
 
 
@@ -91,7 +93,7 @@ class MemoryWatchdog:
         *,
         post: Callable[[WatchdogEvent], None],
         read_host: HostSource | None = None,
-        refresh: Refresher | None = proc_status.refresh,
+        refresh: Refresher | None = _PROC.refresh,
         read_psi: Callable[[], MemoryPressure | None] = read_memory_pressure,
         tree_view: Callable[[tuple[ProcessInfo, ...]], tuple[ProcessInfo, ...]] | None = None,
         gpu_snapshot: Callable[[], tuple[float, tuple[GpuState, ...] | None] | None] | None = None,

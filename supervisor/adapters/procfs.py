@@ -6,6 +6,7 @@ tolerates a PID that vanished between listing and reading: it is simply left out
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -127,17 +128,47 @@ class ProcReader:
             return None
         return self._info(stat)
 
-    def _info(self, stat: _Stat) -> ProcessInfo | None:
-        fields: dict[str, str] = {}
-        try:
-            text = (self.root / str(stat.pid) / "status").read_text(
-                encoding="utf-8", errors="replace"
+    def refresh(self, known: Iterable[ProcessInfo]) -> tuple[ProcessInfo, ...]:
+        """The known processes with fresh state and memory, from /proc/PID/status alone.
+
+        One read per process instead of a scan of every /proc/*/stat on the box: what the
+        watchdog and the run loop do between full scans. Title and group are kept from the last
+        scan; vanished or unreadable processes are left out.
+        """
+        out = []
+        for info in known:
+            fields = self._status(info.pid)
+            ppid = _int(fields.get("PPid") if fields else None, default=-1)
+            if fields is None or ppid < 0:
+                continue
+            out.append(
+                dataclasses.replace(
+                    info,
+                    state=fields.get("State", "?")[:1],
+                    ppid=ppid,
+                    rss_anon_bytes=_kib(fields.get("RssAnon")),
+                    rss_shmem_bytes=_kib(fields.get("RssShmem")),
+                    rss_file_bytes=_kib(fields.get("RssFile")),
+                    threads=_int(fields.get("Threads"), default=1),
+                )
             )
+        return tuple(out)
+
+    def _status(self, pid: int) -> dict[str, str] | None:
+        try:
+            text = (self.root / str(pid) / "status").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
+        fields: dict[str, str] = {}
         for line in text.splitlines():
             key, _, value = line.partition(":")
             fields[key] = value.strip()
+        return fields
+
+    def _info(self, stat: _Stat) -> ProcessInfo | None:
+        fields = self._status(stat.pid)
+        if fields is None:
+            return None
         return ProcessInfo(
             pid=stat.pid,
             ppid=stat.ppid,

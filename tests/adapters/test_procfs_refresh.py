@@ -1,10 +1,10 @@
-"""adapters.proc_status: known processes re-read from /proc/PID/status alone."""
+"""ProcReader.refresh: known processes re-read from /proc/PID/status alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.adapters.proc_status import refresh
+from supervisor.adapters.procfs import ProcReader
 from supervisor.core.readings import ProcessInfo
 
 
@@ -20,7 +20,7 @@ def test_state_and_memory_are_refreshed_title_and_group_kept(tmp_path: Path):
     )
     (tmp_path / "6").mkdir()
     (tmp_path / "6" / "status").write_text("Name:\tzombie\nState:\tZ (zombie)\nPPid:\tnope\n")
-    fresh = refresh([info(5), info(6), info(7)], tmp_path)
+    fresh = ProcReader(tmp_path).refresh([info(5), info(6), info(7)])
     assert [p.pid for p in fresh] == [5]  # 6: unparsable, 7: gone
     p = fresh[0]
     assert (p.state, p.ppid, p.threads) == ("D", 42, 7)
@@ -32,7 +32,7 @@ def test_state_and_memory_are_refreshed_title_and_group_kept(tmp_path: Path):
 def test_a_real_process_reads_back(tmp_path: Path):
     import os
 
-    me = refresh([info(os.getpid())])
+    me = ProcReader().refresh([info(os.getpid())])
     assert me
     assert me[0].rss_anon_bytes > 0
     assert me[0].state in ("R", "S")
