@@ -45,8 +45,10 @@ sys.path.insert(0, str(ROOT))
 from supervisor.adapters.host import HostProbe  # noqa: E402
 from supervisor.adapters.server_process import ServerProcess  # noqa: E402
 from supervisor.core.policy import Level, Limits  # noqa: E402
-from supervisor.incident import redact_line  # noqa: E402
-from supervisor.watchdog import MemoryWatchdog, WatchdogEvent  # noqa: E402
+from supervisor.core.classify import FailureKind  # noqa: E402
+from supervisor.core.events import STOP_REQUESTED, KillReason, WatchdogEvent  # noqa: E402
+from supervisor.core.redact import redact_line  # noqa: E402
+from supervisor.memory.watchdog import MemoryWatchdog  # noqa: E402
 
 MiB = 2**20
 GB = 10**9
@@ -304,7 +306,7 @@ def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) 
                     if os.environ.get("BENCH_DEBUG"):
                         print("earlyoom:", text.rstrip(), flush=True)
                     if re.search(r"sending SIG(KILL|TERM) to process", text):
-                        server.kill_all("memory_kill", "earlyoom")
+                        server.kill_all(KillReason(FailureKind.MEMORY_KILL, "earlyoom"))
                         return
 
             threading.Thread(target=watch_earlyoom, daemon=True).start()
@@ -318,7 +320,7 @@ def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) 
             eo.wait(timeout=10)
             if eo.stdout is not None:
                 eo.stdout.close()
-        server.kill_all("stop")
+        server.kill_all(STOP_REQUESTED)
         wait_for(lambda: gone(pids), 10, "tree gone")
         server.reap()
         server.close()

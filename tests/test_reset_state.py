@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import main
-from supervisor.state import ProcessRef, RunState, StateStore
+from supervisor.run.state import ProcessRef, RunState, StateStore
 
 
 def run_cli(args: list[str]) -> int:

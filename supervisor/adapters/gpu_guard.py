@@ -8,6 +8,8 @@ alert, kills the worker, and the next queries answer None at once until `retry_a
 passed. The memory watchdog never queries: it reads `last_snapshot()`, which never blocks.
 
 Worker protocol (stdin/stdout, one JSON line each): "read" -> {"gpus": [...]} or {"gpus": null}.
+The worker imports the pynvml-shaped module it is told to (`--module`; the shell names the
+simulation's when the `sim` backend is chosen).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import select
@@ -23,8 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -83,17 +85,17 @@ class GuardedGpuSensor:
 
     def __init__(
         self,
-        backend: str,
+        module: str = "pynvml",
         *,
         timeout_s: float = 5.0,
         retry_after_s: float = 30.0,
-        sim_state_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
         on_alert: Callable[[str], None] | None = None,
     ) -> None:
-        self.backend = backend
+        self.module = module
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
-        self.sim_state_dir = sim_state_dir
+        self.env = dict(env) if env is not None else None
         self.on_alert = on_alert
         self._worker: subprocess.Popen[str] | None = None
         self._answered = False
@@ -103,18 +105,11 @@ class GuardedGpuSensor:
         self._last: tuple[float, tuple[GpuState, ...] | None] | None = None
         self.hangs = 0
 
-    @property
-    def is_watching(self) -> bool:
-        """False for the `none` backend: there are no GPUs to wait for."""
-        return self.backend != "none"
-
     def last_snapshot(self) -> tuple[float, tuple[GpuState, ...] | None] | None:
         """(monotonic time, GPUs or None) of the latest query; never blocks, never queries."""
         return self._last
 
     def read_gpus(self) -> tuple[GpuState, ...] | None:
-        if not self.is_watching:
-            return None
         with self._lock:
             self._reap_abandoned()
             if time.monotonic() < self._retry_at:
@@ -152,12 +147,11 @@ class GuardedGpuSensor:
     # -- worker management -------------------------------------------------------------
 
     def _start(self) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "supervisor.adapters.gpu_guard", "--backend", self.backend]
-        if self.sim_state_dir is not None:
-            argv += ["--sim-state-dir", str(self.sim_state_dir)]
+        argv = [sys.executable, "-m", "supervisor.adapters.gpu_guard", "--module", self.module]
         self._answered = False
         return subprocess.Popen(
             argv,
+            env={**os.environ, **self.env} if self.env is not None else None,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -212,7 +206,7 @@ class GuardedGpuSensor:
         self._abandoned = [w for w in self._abandoned if w.poll() is None]
 
 
-def _serve(backend: str, sim_state_dir: Path | None) -> int:
+def _serve(module: str) -> int:
     # Die with the supervisor even if it is SIGKILLed: stdin EOF ends the loop, and PDEATHSIG
     # covers a worker blocked in a query at that moment. PDEATHSIG fires when the *thread* that
     # started the worker exits, so the first query should come from a long-lived thread (the
@@ -220,7 +214,7 @@ def _serve(backend: str, sim_state_dir: Path | None) -> int:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     try:
-        sensor = open_gpu_sensor(backend, sim_state_dir=sim_state_dir)
+        sensor = open_gpu_sensor("nvml", module=importlib.import_module(module))
     except Exception:  # noqa: BLE001 - any failure to open NVML answers "unknown"
         sensor = None
     for line in sys.stdin:
@@ -236,11 +230,10 @@ def _serve(backend: str, sim_state_dir: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m supervisor.adapters.gpu_guard")
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--sim-state-dir", type=Path)
+    parser.add_argument("--module", default="pynvml", help="pynvml or a module shaped like it")
     args = parser.parse_args(argv)
     os.environ.pop("PYTHONWARNINGS", None)
-    return _serve(args.backend, args.sim_state_dir)
+    return _serve(args.module)
 
 
 if __name__ == "__main__":

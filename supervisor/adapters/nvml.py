@@ -1,23 +1,23 @@
-"""GpuSensor over NVML: the real `pynvml`, the simulation (`sim`) or nothing; GpuState by UUID.
+"""GpuSensor over NVML: the real `pynvml`, a pynvml-shaped module the caller hands in (the
+simulation), or nothing.
 
 Thin and in-process: one read = count, handles, UUID, name, memory, compute processes, NUMA node.
-Callers that must survive a hung driver run it in a worker process with a timeout (style.md §5).
-`supervisor.testing` is imported only when the `sim` backend is chosen.
+Callers that must survive a hung driver run it in a worker process with a timeout
+(adapters/gpu_guard.py). This module never names the simulation: the shell passes its module.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from supervisor.core.ports import GpuSensor
 from supervisor.core.readings import GpuProcess, GpuState
 from supervisor.errors import ConfigError
-from supervisor.ports import GpuSensor
 
-BACKENDS = ("auto", "nvml", "sim", "none")
+BACKENDS = ("auto", "nvml", "none")
 
 
 class GpuBackendError(ConfigError):
@@ -90,43 +90,25 @@ class NvmlGpuSensor:
                 self._nvml.nvmlShutdown()
 
 
-def gpus_by_uuid(gpus: tuple[GpuState, ...]) -> dict[str, GpuState]:
-    """Key a read by UUID (indexes move with CUDA_VISIBLE_DEVICES; UUIDs do not)."""
-    return {gpu.uuid: gpu for gpu in gpus}
-
-
 def _load_pynvml() -> ModuleType:
     return importlib.import_module("pynvml")
 
 
-def open_gpu_sensor(backend: str, *, sim_state_dir: Path | None = None) -> GpuSensor:
-    """Open the GPU sensor for `backend`: nvml | sim | none | auto.
+def open_gpu_sensor(backend: str, *, module: ModuleType | None = None) -> GpuSensor:
+    """Open the GPU sensor for `backend`: nvml | none | auto, over `module` (default pynvml).
 
-    auto = nvml when the library loads and nvmlInit succeeds, else none. sim reads the
-    simulated GPUs in `sim_state_dir` (default: $FAKE_GPU_STATE_DIR).
+    auto = nvml when the library loads and nvmlInit succeeds, else none.
 
     Raises:
         GpuBackendError: unknown backend; nvml chosen explicitly but the driver or
-            libnvidia-ml.so is missing (likely no NVIDIA driver on this host); sim without a
-            state directory.
+            libnvidia-ml.so is missing (likely no NVIDIA driver on this host).
     """
     if backend not in BACKENDS:
         raise GpuBackendError(f"unknown GPU backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if backend == "none":
         return NoGpuSensor()
-    if backend == "sim":
-        fake = importlib.import_module("supervisor.testing.fake_nvml")
-        fake.set_state_dir(sim_state_dir)  # None: $FAKE_GPU_STATE_DIR
-        try:
-            return NvmlGpuSensor(fake)
-        except fake.NVMLError as exc:
-            raise GpuBackendError(
-                "GPU backend sim: no simulated GPUs (set FAKE_GPU_STATE_DIR to a state "
-                f"directory made by supervisor.testing.gpu_state.create_gpus): {exc}"
-            ) from None
     try:
-        nvml = _load_pynvml()
-        return NvmlGpuSensor(nvml)
+        return NvmlGpuSensor(module or _load_pynvml())
     except Exception as exc:  # noqa: BLE001 - ImportError or any NVMLError: no usable NVML
         if backend == "auto":
             return NoGpuSensor()

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.core.ownership import ProcessMarks
 from supervisor.core.readings import ProcessInfo
 from supervisor.core.units import KiB
 
@@ -95,26 +96,53 @@ class ProcReader:
 
     def environ_value(self, pid: int, name: str) -> str | None:
         """The value of `name` in the process environment (None: unset or unreadable)."""
+        return self._environ(pid, (name,)).get(name)
+
+    def _environ(self, pid: int, names: Iterable[str]) -> dict[str, str]:
+        """The values of `names` in one read of /proc/PID/environ (unset ones left out)."""
         try:
             raw = (self.root / str(pid) / "environ").read_bytes()
         except OSError:
-            return None
-        prefix = f"{name}=".encode()
+            return {}
+        wanted = {f"{name}=".encode(): name for name in names}
+        found: dict[str, str] = {}
         for entry in raw.split(b"\0"):
-            if entry.startswith(prefix):
-                return entry[len(prefix) :].decode(errors="replace")
-        return None
+            key, eq, value = entry.partition(b"=")
+            name = wanted.get(key + eq)
+            if name is not None:
+                found[name] = value.decode(errors="replace")
+        return found
 
     def supervisor_mark(self) -> str:
         """This process as SUPERVISOR_ENV spells it: "<pid>:<start ticks>"."""
         pid = os.getpid()
         return f"{pid}:{self.start_ticks(pid) or 0}"
 
-    def supervised_by_another(self, pid: int) -> bool:
-        """The process was launched by a supervisor that is still alive and is not us."""
-        mark = self.environ_value(pid, SUPERVISOR_ENV)
-        if mark is None or mark == self.supervisor_mark():
-            return False
+    def marks(self, pid: int) -> ProcessMarks | None:
+        """What identifies `pid` for core.ownership.whose, None when it is gone."""
+        stat = self._stat(pid)
+        return None if stat is None else self._marks(stat)
+
+    def scan_marks(self, exclude: Iterable[int] = ()) -> tuple[ProcessMarks, ...]:
+        """The marks of every process on the host (a full scan, environments included)."""
+        skip = set(exclude)
+        return tuple(self._marks(s) for s in self._all_stats() if s.pid not in skip)
+
+    def _marks(self, stat: _Stat) -> ProcessMarks:
+        env = self._environ(stat.pid, (SUPERVISOR_ENV, INSTANCE_ENV))
+        launched_by = env.get(SUPERVISOR_ENV)
+        return ProcessMarks(
+            pid=stat.pid,
+            start_ticks=stat.start_ticks,
+            state=stat.state,
+            title=self.title(stat.pid),
+            instance=env.get(INSTANCE_ENV),
+            launched_by=launched_by,
+            launcher_alive=launched_by is not None and self._is_alive_mark(launched_by),
+        )
+
+    def _is_alive_mark(self, mark: str) -> bool:
+        """Whether "<pid>:<start ticks>" names a process that still runs."""
         owner, _, ticks = mark.partition(":")
         if not owner.isdigit():
             return False
@@ -179,6 +207,7 @@ class ProcReader:
             rss_shmem_bytes=_kib(fields.get("RssShmem")),
             rss_file_bytes=_kib(fields.get("RssFile")),
             threads=_int(fields.get("Threads"), default=1),
+            start_ticks=stat.start_ticks,
         )
 
     # -- trees ----------------------------------------------------------------------------
@@ -218,33 +247,6 @@ class ProcReader:
         members.discard(subreaper_pid)
         infos = (self._info(by_pid[pid]) for pid in sorted(members) if pid in by_pid)
         return tuple(i for i in infos if i is not None)
-
-    def find_leftovers(
-        self,
-        *,
-        instance: str,
-        recorded: Iterable[tuple[int, int]] = (),
-        exclude: Iterable[int] = (),
-    ) -> tuple[ProcessInfo, ...]:
-        """Processes of an earlier run of this instance: recorded (pid, start_ticks) pairs that
-        still match, and any process whose environment carries the instance marker.
-
-        SGLang-titled processes without either sign may belong to another instance on other
-        GPUs; callers match those against the target GPUs' NVML process lists themselves.
-        """
-        skip = set(exclude) | {os.getpid()}
-        found: dict[int, ProcessInfo] = {}
-        wanted = dict(recorded)
-        for stat in self._all_stats():
-            if stat.pid in skip:
-                continue
-            mine = wanted.get(stat.pid) == stat.start_ticks or (
-                self.environ_has(stat.pid, INSTANCE_ENV, instance)
-                and not self.supervised_by_another(stat.pid)
-            )
-            if mine and (info := self._info(stat)) is not None:
-                found[stat.pid] = info
-        return tuple(found[pid] for pid in sorted(found))
 
     def processes(self, pids: Iterable[int]) -> tuple[ProcessInfo, ...]:
         """The given PIDs that still exist."""

@@ -13,7 +13,6 @@ import errno
 import os
 import signal
 from collections.abc import Iterable
-from pathlib import Path
 
 # Same number on every architecture: syscalls added after 5.x use one shared table.
 _SYS_PROCESS_MRELEASE = 448
@@ -84,14 +83,3 @@ def kill_and_reclaim(pid: int) -> bool:
     if fd is not None:
         release_memory([fd])
     return True
-
-
-def process_state(pid: int, proc_root: Path = Path("/proc")) -> str | None:
-    """The one-letter state of `pid` from /proc/PID/stat (R S D Z T ...), None when gone."""
-    try:
-        raw = (proc_root / str(pid) / "stat").read_bytes()
-    except OSError:
-        return None
-    # The comm field may contain spaces and parentheses; the state follows the last ')'.
-    tail = raw[raw.rfind(b")") + 1 :].split()
-    return tail[0].decode("ascii", "replace") if tail else None

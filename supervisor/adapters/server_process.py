@@ -1,8 +1,9 @@
 """Start the SGLang server in its own session, pump its output, signal and kill its whole tree.
 
-Containment (prior-art.md §5): `start_new_session` gives the tree one process group; the
-supervisor is a child subreaper so escapees are reparented to it; the server asks for SIGKILL when
-the supervisor dies (PR_SET_PDEATHSIG) and gets a raised oom_score_adj, inherited by its children.
+Containment (docs/peers.md, killing a tree): `start_new_session` gives the tree one process
+group; the supervisor is a child subreaper so escapees are reparented to it; the server asks for
+SIGKILL when the supervisor dies (PR_SET_PDEATHSIG) and gets a raised oom_score_adj, inherited by
+its children. Implements core.ports.LaunchedServer and ServerLauncher.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import IO
 
 from supervisor.adapters.procfs import ProcReader
-from supervisor.core.readings import ProcessInfo
+from supervisor.core.events import KillReason
+from supervisor.core.readings import ExitStatus, ProcessInfo
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -43,20 +44,6 @@ def _child_setup(parent_pid: int, oom_score_adj: int | None) -> Callable[[], Non
                 f.write(str(oom_score_adj))
 
     return setup
-
-
-@dataclass(frozen=True, slots=True)
-class ExitStatus:
-    """How the server's main process ended: exit code or terminating signal."""
-
-    exit_code: int | None
-    signal_number: int | None
-
-    @classmethod
-    def from_returncode(cls, returncode: int) -> ExitStatus:
-        if returncode < 0:
-            return cls(exit_code=None, signal_number=-returncode)
-        return cls(exit_code=returncode, signal_number=None)
 
 
 class OutputPump:
@@ -119,14 +106,6 @@ class OutputPump:
         self._writer.join(timeout_s)
 
 
-@dataclass(frozen=True, slots=True)
-class KillReason:
-    """Why the tree was killed; the first reason recorded wins (see ServerProcess.kill_all)."""
-
-    kind: str  # a FailureKind value, or "stop" for a requested stop
-    detail: str = ""
-
-
 class ServerProcess:
     """A running server tree. `kill_all` and `signal_group` are safe from any thread."""
 
@@ -148,7 +127,7 @@ class ServerProcess:
             self.pidfd = os.pidfd_open(self.pid)
         self._lock = threading.Lock()
         self._known: set[int] = {self.pid}
-        self.kill_reason: KillReason | None = None
+        self._kill_reason: KillReason | None = None
 
     @classmethod
     def start(
@@ -206,12 +185,24 @@ class ServerProcess:
             self._known.update(p.pid for p in found)
         return found
 
+    def refresh(self, known: Sequence[ProcessInfo]) -> tuple[ProcessInfo, ...]:
+        """The known processes re-read from /proc/PID/status (no scan of the whole host)."""
+        return self.proc.refresh(known)
+
     def tail(self) -> tuple[str, ...]:
         return self.pump.tail()
 
     @property
     def output_lines(self) -> int:
         return self.pump.lines
+
+    @property
+    def kill_reason(self) -> KillReason | None:
+        with self._lock:
+            return self._kill_reason
+
+    def drain_output(self, timeout_s: float) -> None:
+        self.pump.join(timeout_s)
 
     # -- acting ------------------------------------------------------------------------------
 
@@ -220,20 +211,25 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, sig)
 
-    def record_kill_reason(self, kind: str, detail: str = "") -> KillReason:
-        """Record why the tree is being killed; the first caller wins and the winner is returned."""
+    def _record(self, reason: KillReason) -> None:
+        """Keep the first reason: whoever acted first (watchdog or run loop) says why."""
         with self._lock:
-            if self.kill_reason is None:
-                self.kill_reason = KillReason(kind, detail)
-            return self.kill_reason
+            if self._kill_reason is None:
+                self._kill_reason = reason
 
-    def kill_all(self, kind: str = "stop", detail: str = "") -> tuple[int, ...]:
-        """SIGKILL the process group and every other process of the tree, then reap what is ours.
+    def terminate(self, reason: KillReason) -> None:
+        """Record `reason`, then SIGTERM the server's process group."""
+        self._record(reason)
+        self.signal_group(signal.SIGTERM)
+
+    def kill_all(self, reason: KillReason) -> tuple[int, ...]:
+        """Record `reason`, SIGKILL the process group and every other process of the tree, then
+        reap what is ours.
 
         Safe from any thread (the watchdog calls it in a memory emergency). Returns the PIDs
         found. Does not wait: see `remaining`.
         """
-        self.record_kill_reason(kind, detail)
+        self._record(reason)
         # Read the tree before the group dies: an escapee whose parent dies is reparented and
         # found only through the subreaper, which a test process (or a failed prctl) may not be.
         before = self.tree()
@@ -271,3 +267,32 @@ class ServerProcess:
             with contextlib.suppress(OSError):
                 os.close(self.pidfd)
             self.pidfd = None
+
+
+class SubprocessLauncher:
+    """Implements core.ports.ServerLauncher: ServerProcess.start with this host's /proc."""
+
+    def __init__(self, proc: ProcReader | None = None) -> None:
+        self.proc = proc or ProcReader()
+
+    def start(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        run_id: str,
+        sink: Callable[[str], None],
+        redact: Callable[[str], str],
+        oom_score_adj: int | None,
+        tail_lines: int,
+    ) -> ServerProcess:
+        return ServerProcess.start(
+            argv,
+            env,
+            run_id=run_id,
+            sink=sink,
+            redact=redact,
+            oom_score_adj=oom_score_adj,
+            tail_lines=tail_lines,
+            proc=self.proc,
+        )

@@ -16,25 +16,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import queue
 import shutil
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import structlog
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.core.readings import HostMemory, ProcessInfo
 from supervisor.core.units import GB, KiB
 
+if TYPE_CHECKING:
+    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.config import RunSettings
+    from supervisor.core.ports import GpuSensor
+    from supervisor.run.state import StateStore
+
 BOX_TOTAL_BYTES = 449 * GB
-# The seed box of issue 2: 449 GB of RAM, 445 GB MemAvailable before launch (kernel, page tables,
+# The seed box: 449 GB of RAM, 445 GB MemAvailable before launch (kernel, page tables,
 # the supervisor itself take the rest), so the pre-flight suggests the same safe size, 49.
 OS_USED_BYTES = 4 * GB
 GPUS = 8
@@ -144,7 +149,8 @@ class Timeline:
     """Turns the supervisor's structured log events into a short story, printed as it happens."""
 
     def __init__(self, echo: Callable[[str], None]) -> None:
-        self.started = time.monotonic()
+        self.clock = SystemClock()
+        self.started = self.clock.monotonic()
         self.echo = echo
         self.lines: list[str] = []
         self.readies = 0
@@ -152,7 +158,7 @@ class Timeline:
         self._waiting_shown = False
 
     def say(self, text: str) -> None:
-        line = f"{time.monotonic() - self.started:6.1f} s  {text}"
+        line = f"{self.clock.monotonic() - self.started:6.1f} s  {text}"
         self.lines.append(line)
         self.echo(line)
 
@@ -230,41 +236,99 @@ def _demo_environment(keep: bool) -> Iterator[Path]:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> int:
-    """Run the story; returns the exit code (0 when everything happened as told)."""
-    from supervisor.adapters.gpu_guard import GuardedGpuSensor
-    from supervisor.adapters.systemd import SdNotifier
-    from supervisor.commands.run import build_runner, build_settings
+def _prepare(workdir: Path) -> tuple[RunSettings, Path]:
+    """The simulated model, GPUs and config in `workdir`; the run's settings and the GPU dir."""
+    from supervisor.commands.run import build_settings
     from supervisor.config import load_config
-    from supervisor.errors import PreflightFailed, SupervisorError
-    from supervisor.launch import preflight_gate
-    from supervisor.protection import Protection
-    from supervisor.run_events import SignalEvent
-    from supervisor.state import StateStore
     from supervisor.testing import gpu_state
 
+    model_dir = workdir / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(LLAMA_3_70B))
+    gpus_dir = workdir / "gpus"
+    gpu_state.create_gpus(gpus_dir, GPUS, numa_nodes=2)
+    os.environ["FAKE_GPU_STATE_DIR"] = str(gpus_dir)  # read by the reset command too
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        os.environ.pop(name, None)
+    config_path = workdir / "demo.toml"
+    config_path.write_text(
+        demo_config_text(workdir, model_dir).replace("{port}", str(_free_port()))
+    )
+    settings = build_settings(
+        load_config(config_path),
+        config_path=config_path,
+        server_args=(),
+        server_command=None,
+        gpu_backend=None,
+        run_options={},
+    )
+    return settings, gpus_dir
+
+
+def _show_refusal(settings: RunSettings, sensor: GpuSensor, timeline: Timeline) -> None:
+    """The pre-flight as it would answer without --auto-size: the refusal, in short."""
+    from supervisor.errors import PreflightFailed
+    from supervisor.run.launch import preflight_gate
+
+    config = settings.config
+    strict = dataclasses.replace(
+        settings,
+        config=dataclasses.replace(config, run=dataclasses.replace(config.run, auto_size=False)),
+    )
+    try:
+        preflight_gate(strict, settings.server_args, sensor)
+    except PreflightFailed as refused:
+        timeline.say("pre-flight REFUSES the launch:")
+        for line in str(refused).splitlines()[1:]:
+            if any(k in line for k in ("host_memory", "FAIL", "safe", "suggest", "--hicache")):
+                timeline.echo(f"           {line.strip()}")
+
+
+def _supervise(
+    settings: RunSettings, gpus_dir: Path, sensor: GuardedGpuSensor, timeline: Timeline
+) -> tuple[int, StateStore]:
+    """Run the production runner on the simulated box until the second `ready`."""
+    from supervisor.adapters.events import QueueEvents, signal_event
+    from supervisor.adapters.systemd import SdNotifier
+    from supervisor.commands.run import build_runner, run_with_signals
+    from supervisor.errors import SupervisorError
+    from supervisor.memory.guard import MemoryGuard
+    from supervisor.run.state import StateStore
+
+    store = StateStore(settings.state_dir)
+    store.ensure_writable()
+    guard = MemoryGuard(
+        settings,
+        store,
+        gpu_snapshot=sensor.last_snapshot,
+        read_host=simulated_host,
+        tree_view=scale_tree,
+    )
+    events = QueueEvents()
+
+    def on_ready(count: int) -> None:
+        if count == 1:
+            _make_gpu_stuck(gpus_dir, STUCK_GPU)
+            timeline.say(f"rank {LEAK_RANK} will start leaking; GPU {STUCK_GPU} will stick")
+        else:
+            timeline.say("back in service with the smaller cache: stopping the demo")
+            events.put(signal_event(signal.SIGTERM))
+
+    timeline.on_ready.append(on_ready)
+    runner = build_runner(settings, store, sensor, guard, notifier=SdNotifier({}), events=events)
+    try:
+        return run_with_signals(runner, events), store
+    except SupervisorError as exc:
+        timeline.say(f"supervisor stopped: {exc}")
+        return int(exc.exit_code), store
+
+
+def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> int:
+    """Run the story; returns the exit code (0 when everything happened as told)."""
+    from supervisor.preflight.sensors import guarded_sensor
+
     with _demo_environment(keep) as workdir:
-        model_dir = workdir / "model"
-        model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(LLAMA_3_70B))
-        gpus_dir = workdir / "gpus"
-        gpu_state.create_gpus(gpus_dir, GPUS, numa_nodes=2)
-        os.environ["FAKE_GPU_STATE_DIR"] = str(gpus_dir)  # read by the reset command too
-        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
-            os.environ.pop(name, None)
-        config_path = workdir / "demo.toml"
-        config_path.write_text(
-            demo_config_text(workdir, model_dir).replace("{port}", str(_free_port()))
-        )
-        config = load_config(config_path)
-        settings = build_settings(
-            config,
-            config_path=config_path,
-            server_args=(),
-            server_command=None,
-            gpu_backend=None,
-            run_options={},
-        )
+        settings, gpus_dir = _prepare(workdir)
         timeline = Timeline(echo)
         structlog.configure(
             processors=[structlog.processors.add_log_level, timeline],
@@ -276,54 +340,15 @@ def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> in
             f"{REAL_BYTES_PER_GB // KiB} KiB of real memory per simulated GB)."
         )
         echo(f"Asked for: --tp-size 8 --hicache-size {ASKED_GB} (GB *per rank*)\n")
-        sensor = GuardedGpuSensor("sim", sim_state_dir=gpus_dir)
-        strict = dataclasses.replace(
-            settings,
-            config=dataclasses.replace(
-                config, run=dataclasses.replace(config.run, auto_size=False)
-            ),
-        )
+        sensor = guarded_sensor("sim", timeout_s=5.0, env={"FAKE_GPU_STATE_DIR": str(gpus_dir)})
         try:
-            preflight_gate(strict, settings.server_args, sensor)
-        except PreflightFailed as refused:
-            first = str(refused).splitlines()
-            timeline.say("pre-flight REFUSES the launch:")
-            for line in first[1:]:
-                if any(k in line for k in ("host_memory", "FAIL", "safe", "suggest", "--hicache")):
-                    echo(f"           {line.strip()}")
-        store = StateStore(settings.state_dir)
-        store.ensure_writable()
-        protection = Protection(
-            settings, sensor=sensor, read_host=simulated_host, tree_view=scale_tree
-        )
-        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-        def on_ready(count: int) -> None:
-            if count == 1:
-                _make_gpu_stuck(gpus_dir, STUCK_GPU)
-                timeline.say(f"rank {LEAK_RANK} will start leaking; GPU {STUCK_GPU} will stick")
-            else:
-                timeline.say("back in service with the smaller cache: stopping the demo")
-                events.put_nowait(SignalEvent(signal.SIGTERM))
-
-        timeline.on_ready.append(on_ready)
-        runner = build_runner(
-            settings, store, sensor, protection, notifier=SdNotifier({}), events=events
-        )
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            code = int(runner.run())
-        except SupervisorError as exc:
-            timeline.say(f"supervisor stopped: {exc}")
-            code = int(exc.exit_code)
+            _show_refusal(settings, sensor, timeline)
+            code, store = _supervise(settings, gpus_dir, sensor, timeline)
         finally:
             sensor.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        state = store.load()
-        echo("")
-        shrunk = state.hicache_size_override_gb
+        shrunk = store.load().hicache_size_override_gb
         ok = code == 0 and timeline.readies >= 2 and shrunk is not None
+        echo("")
         echo(
             "Done: the group was killed before the host ran out, the stuck GPU was reset, and "
             f"the server came back with --hicache-size {shrunk}."

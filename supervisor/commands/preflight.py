@@ -134,6 +134,7 @@ def preflight(
     Exit codes: 0 fits, 1 does not fit, 2 bad input.
     """
     from supervisor.preflight import run_preflight
+    from supervisor.preflight.sensors import LazySensor
 
     config = _apply_options(load_config(config_path), opts)
     argv = server_args or config.server.args
@@ -141,9 +142,17 @@ def preflight(
         raise ConfigError(
             "no launch_server arguments: give them after -- or as [server] args in --config"
         )
-    report = run_preflight(
-        config, argv, config_dir=config_path.parent if config_path is not None else None
-    )
+    sensor = None if config.gpu.backend == "none" else LazySensor(config.gpu.backend)
+    try:
+        report = run_preflight(
+            config,
+            argv,
+            gpu_sensor=sensor,
+            config_dir=config_path.parent if config_path is not None else None,
+        )
+    finally:
+        if sensor is not None:
+            sensor.close()
     if print_args:
         if report.suggested_argv is None:
             click.echo("sglang-supervisor: no --hicache-size fits this host", err=True)

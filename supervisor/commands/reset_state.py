@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from supervisor.config import load_config
-from supervisor.state import RunState, StateStore, default_state_dir
+from supervisor.run.state import RunState, StateStore, default_state_dir
 
 
 def state_dir_for(config_path: Path | None, state_dir: Path | None, name: str | None) -> Path:

@@ -3,7 +3,8 @@
     sglang-supervisor run [--config FILE] [OPTIONS] -- <launch_server args>
 
 Every [run] key has an option of the same name; command-line options override the config file,
-which overrides the defaults. The loop itself is supervisor/runner.py.
+which overrides the defaults. The loop itself is supervisor/run/runner.py; this module only
+parses and wires the adapters to it.
 """
 
 from __future__ import annotations
@@ -18,20 +19,17 @@ from typing import TYPE_CHECKING, Any
 import click
 import structlog
 
-from supervisor.config import RunConfig, SupervisorConfig, load_config
+from supervisor.config import RunConfig, RunSettings, SupervisorConfig, load_config
 from supervisor.core.sglang_args import ArgvError, parse_launch_args
 from supervisor.core.units import parse_duration
 from supervisor.errors import ConfigError, ExitCode, SupervisorError
-from supervisor.state import StateStore, default_state_dir
+from supervisor.run.state import StateStore, default_state_dir
 
 if TYPE_CHECKING:
-    import queue
-
-    from supervisor.adapters.systemd import SdNotifier
-    from supervisor.launch import RunSettings
-    from supervisor.ports import GpuSensor
-    from supervisor.protection import Protection
-    from supervisor.runner import Runner
+    from supervisor.adapters.events import QueueEvents
+    from supervisor.core.ports import GpuSensor, Notifier
+    from supervisor.memory.guard import MemoryGuard
+    from supervisor.run.runner import Runner
 
 # Set by the shipped unit next to TimeoutStopSec (systemd tells a service nothing about it).
 UNIT_STOP_TIMEOUT_ENV = "SGLANG_SUPERVISOR_STOP_TIMEOUT_S"
@@ -133,7 +131,7 @@ def build_settings(
     run_options: Mapping[str, Any],
 ) -> RunSettings:
     """RunSettings from the config file and the command line."""
-    from supervisor import launch
+    from supervisor.run import launch
 
     run = merge_run_config(config.run, run_options)
     gpu = (
@@ -158,7 +156,7 @@ def build_settings(
         command = config.server.command or launch.default_server_command()
     launch.check_server_command(command)
     state_dir = Path(run.state_dir) if run.state_dir else default_state_dir(run.name)
-    return launch.RunSettings(
+    return RunSettings(
         config=config,
         server_command=command,
         server_args=tuple(args),
@@ -211,9 +209,11 @@ def run(
         gpu_backend=gpu_backend,
         run_options=run_options,
     )
-    from supervisor.protection import check_protection_config
+    from supervisor.adapters.gpu_reset import check_reset_command
 
-    check_protection_config(settings.config)
+    problem = check_reset_command(settings.config.gpu.reset_command)
+    if problem is not None:
+        raise ConfigError(problem)
     store = StateStore(settings.state_dir)
     store.ensure_writable()
     store.claim()
@@ -225,49 +225,60 @@ def build_runner(
     settings: RunSettings,
     store: StateStore,
     sensor: GpuSensor | None,
-    protection: Protection,
+    guard: MemoryGuard,
     *,
-    notifier: SdNotifier,
-    events: queue.SimpleQueue[Any] | None = None,
+    notifier: Notifier,
+    events: QueueEvents,
 ) -> Runner:
-    """The production runner: HTTP health probes, the system clock, the watchdog's hooks."""
+    """The production runner: real processes, HTTP health probes, the system clock."""
     from supervisor.adapters.clock import SystemClock
+    from supervisor.adapters.gpu_reset import CommandGpuResetter
     from supervisor.adapters.health import HttpHealthProbe, health_url
-    from supervisor.runner import Runner
+    from supervisor.adapters.processes import SystemProcesses
+    from supervisor.adapters.server_process import SubprocessLauncher
+    from supervisor.run.plugins import RunnerIO
+    from supervisor.run.runner import Runner
 
     run_cfg = settings.run
+    gpu = settings.config.gpu
 
     def probe_factory(plan: Any) -> Callable[[], Any]:
         url = health_url(plan.host, plan.port, run_cfg.health_path)
         return HttpHealthProbe(url, timeout_s=run_cfg.health_timeout_s).check
 
-    return Runner(
-        settings,
+    io = RunnerIO(
         clock=SystemClock(),
-        store=store,
-        sensor=sensor,
+        events=events,
+        launcher=SubprocessLauncher(),
+        processes=SystemProcesses(),
         notifier=notifier,
         probe_factory=probe_factory,
-        components=protection.components,
-        death_hooks=protection.death_hooks,
-        resetter=protection.resetter,
-        release_hooks=(protection.record_release,),
-        events=events,
+        sensor=sensor,
+        resetter=(
+            CommandGpuResetter(gpu.reset_command, timeout_s=gpu.reset_timeout_s)
+            if gpu.reset_command
+            else None
+        ),
     )
+    return Runner(settings, store, io, guard.plugins)
 
 
 def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
-    from supervisor import launch
-    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.adapters.events import QueueEvents
     from supervisor.adapters.systemd import SdNotifier
-    from supervisor.protection import Protection
+    from supervisor.memory.guard import MemoryGuard
+    from supervisor.preflight.sensors import guarded_sensor
+    from supervisor.run import launch
 
     log = structlog.get_logger("supervisor.run")
     gpu = settings.config.gpu
     backend = launch.resolve_gpu_backend(gpu.backend)
-    sensor = None if backend == "none" else GuardedGpuSensor(backend, timeout_s=gpu.nvml_timeout_s)
-    protection = Protection(settings, sensor=sensor)
-    runner = build_runner(settings, store, sensor, protection, notifier=SdNotifier())
+    sensor = None if backend == "none" else guarded_sensor(backend, timeout_s=gpu.nvml_timeout_s)
+    guard = MemoryGuard(
+        settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
+    )
+    events = QueueEvents()
+    runner = build_runner(settings, store, sensor, guard, notifier=SdNotifier(), events=events)
     log.info(
         "settings",
         instance=settings.instance,
@@ -275,7 +286,7 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
         **launch.describe_settings(settings, parse_launch_args(settings.server_args)),
     )
     try:
-        return int(runner.run())
+        return run_with_signals(runner, events)
     except SupervisorError:
         raise
     except Exception:  # the one broad catch: logged with traceback; the tree is already killed
@@ -284,3 +295,16 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
     finally:
         if sensor is not None:
             sensor.close()
+
+
+def run_with_signals(runner: Runner, events: QueueEvents) -> int:
+    """Run the loop as the tree's subreaper with SIGTERM/SIGINT queued as stop events."""
+    from supervisor.adapters.events import install_signal_handlers, restore_signal_handlers
+    from supervisor.adapters.server_process import become_subreaper
+
+    previous = install_signal_handlers(events)
+    become_subreaper()
+    try:
+        return runner.run()
+    finally:
+        restore_signal_handlers(previous)

@@ -1,15 +1,42 @@
-"""Restart budget: capped exponential delay, reset after a stable run, crash loop detection.
+"""What follows a failure: which failures end the run, the restart budget (capped exponential
+delay, reset after a stable run) and crash-loop detection.
 
-Pure: times are passed in. Defaults from prior-art.md §9 (GPUStack: 10 s doubling to 300 s; RBG:
-reset after 10 min stable); `max_restarts` within `restart_window_s` bounds the loop so that a
-server that cannot come up stops and lets systemd mark the unit failed.
+Pure: times are passed in. Defaults follow peers (docs/peers.md: GPUStack waits 10 s doubling to
+300 s, RBG forgets failures after 10 min stable); `max_restarts` within `restart_window_s`
+bounds the loop so that a server that cannot come up stops and lets systemd mark the unit
+failed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 
 import tenacity
+
+from supervisor.core.classify import FailureKind
+
+
+class RunEnd(str, Enum):
+    """Why a failure ends the run instead of a restart (each has its exit code)."""
+
+    ARGS_REJECTED = "args_rejected"  # SGLang refused its flags: the same argv fails again
+    GPU_UNRECOVERABLE = "gpu_unrecoverable"  # a GPU stays held: relaunching onto it is unsafe
+    STARTUP_FAILED = "startup_failed"  # loaded, with progress, for the whole startup_timeout
+    CRASH_LOOP = "crash_loop"  # too many restarts within the window
+
+
+_TERMINAL: dict[FailureKind, RunEnd] = {
+    FailureKind.BAD_FLAGS: RunEnd.ARGS_REJECTED,
+    FailureKind.GPU_DIRTY: RunEnd.GPU_UNRECOVERABLE,
+    # A load that progressed for the whole hard limit would take as long again.
+    FailureKind.STARTUP_TIMEOUT: RunEnd.STARTUP_FAILED,
+}
+
+
+def terminal_end(kind: FailureKind) -> RunEnd | None:
+    """The end of the run a failure of this kind means, or None when a restart can help."""
+    return _TERMINAL.get(kind)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,12 +50,16 @@ class BackoffPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RestartDecision:
-    """What to do after a failure: wait `delay_s` then relaunch, or give up (crash loop)."""
+    """What to do after a failure: wait `delay_s` then relaunch, or end the run (`end`)."""
 
-    give_up: bool
+    end: RunEnd | None
     delay_s: float
     attempt: int  # failures since the last stable run, this one included
     restarts_in_window: int  # restarts already done within the window, before this one
+
+    @property
+    def give_up(self) -> bool:
+        return self.end is not None
 
 
 def backoff_delay_s(policy: BackoffPolicy, attempt: int) -> float:
@@ -55,11 +86,11 @@ class RestartBudget:
         attempt = self.streak + 1
         if len(recent) >= self.policy.max_restarts:
             decision = RestartDecision(
-                give_up=True, delay_s=0.0, attempt=attempt, restarts_in_window=len(recent)
+                end=RunEnd.CRASH_LOOP, delay_s=0.0, attempt=attempt, restarts_in_window=len(recent)
             )
             return replace(self, restart_times_s=recent, streak=attempt), decision
         decision = RestartDecision(
-            give_up=False,
+            end=None,
             delay_s=backoff_delay_s(self.policy, attempt),
             attempt=attempt,
             restarts_in_window=len(recent),
@@ -79,3 +110,18 @@ class RestartBudget:
         if self.streak and now_s - healthy_since_s >= self.policy.stable_after_s:
             return replace(self, streak=0)
         return self
+
+
+def decide_after_failure(
+    budget: RestartBudget, kind: FailureKind, now_s: float
+) -> tuple[RestartBudget, RestartDecision]:
+    """The next budget and what to do: end the run (a terminal kind, or a crash loop) or wait.
+
+    A terminal failure is not counted against the budget: the run ends either way.
+    """
+    end = terminal_end(kind)
+    if end is not None:
+        return budget, RestartDecision(
+            end=end, delay_s=0.0, attempt=budget.streak + 1, restarts_in_window=0
+        )
+    return budget.on_failure(now_s)

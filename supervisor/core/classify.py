@@ -36,9 +36,6 @@ class FailureKind(str, Enum):
     GPU_DIRTY = "gpu_dirty"  # GPU memory stayed held after the tree was gone
 
 
-# Restarting cannot help: the same argv fails the same way (prior-art.md §9, spark-vllm #257).
-NEVER_RETRIED = frozenset({FailureKind.BAD_FLAGS, FailureKind.GPU_DIRTY})
-
 _HINTS: dict[FailureKind, str] = {
     FailureKind.BAD_FLAGS: "SGLang rejected its arguments (exit 2); fix the flags, a restart "
     "cannot help",
@@ -83,10 +80,6 @@ class DeathContext:
 class Classification(NamedTuple):
     kind: FailureKind
     hint: str
-
-
-def hint_for(kind: FailureKind) -> str:
-    return _HINTS[kind]
 
 
 def describe_exit(exit_code: int | None, signal_number: int | None) -> str:

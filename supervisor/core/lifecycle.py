@@ -41,7 +41,6 @@ class ServerState(str, Enum):
 
 
 _S = ServerState
-_LIVE = frozenset({_S.LAUNCHING, _S.LOADING, _S.WARMING, _S.READY})
 
 TRANSITIONS: dict[ServerState, frozenset[ServerState]] = {
     _S.STOPPED: frozenset({_S.LAUNCHING}),
@@ -72,11 +71,6 @@ def check_transition(current: ServerState, new: ServerState) -> ServerState:
     if new not in TRANSITIONS[current]:
         raise IllegalTransition(f"illegal server state transition {current.value} -> {new.value}")
     return new
-
-
-def is_live(state: ServerState) -> bool:
-    """True while a server process tree exists and is being watched."""
-    return state in _LIVE
 
 
 class HealthStatus(str, Enum):

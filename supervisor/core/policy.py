@@ -314,24 +314,3 @@ def decide(
     if new_streak >= limits.warn_ticks:
         return out(Verdict.WARN, reason, new_streak)
     return out(Verdict.OK, reason, new_streak)
-
-
-def check_limits(limits: Limits) -> list[str]:
-    """Contradictions in the levels, as messages naming the keys (empty when consistent)."""
-    problems = []
-    for attr in ("bytes_", "percent"):
-        unit = "bytes" if attr == "bytes_" else "percent"
-        w = getattr(limits.warn, attr)
-        t = getattr(limits.terminate, attr)
-        k = getattr(limits.kill, attr)
-        if k is not None and t is not None and k >= t:
-            problems.append(f"watchdog kill level must be below terminate ({unit}: {k} >= {t})")
-        if t is not None and w is not None and t >= w:
-            problems.append(f"watchdog terminate level must be below warn ({unit}: {t} >= {w})")
-        if k is not None and w is not None and k >= w:
-            problems.append(f"watchdog kill level must be below warn ({unit}: {k} >= {w})")
-    if limits.min_interval_s <= 0 or limits.min_interval_s > limits.max_interval_s:
-        problems.append("watchdog min_interval must be positive and at most max_interval")
-    if limits.warn_ticks < 1:
-        problems.append("watchdog warn_ticks must be at least 1")
-    return problems

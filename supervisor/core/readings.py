@@ -42,9 +42,10 @@ class ProcessInfo:
     state: str  # one letter as in /proc/PID/stat: R S D Z T t I X
     title: str  # the command line as ps shows it (SGLang ranks: "sglang::scheduler_TP0")
     rss_anon_bytes: int = 0
-    rss_shmem_bytes: int = 0  # pinned host KV pools show here (sglang.md §1.7)
+    rss_shmem_bytes: int = 0  # pinned host KV pools show here (docs/sglang.md, host pools)
     rss_file_bytes: int = 0  # mmapped weights: reclaimable, never a reason to act
     threads: int = 1
+    start_ticks: int = 0  # clock ticks since boot: with the PID, names one process (no reuse)
 
     @property
     def charged_bytes(self) -> int:
@@ -59,9 +60,20 @@ class ProcessInfo:
     def is_stopped(self) -> bool:
         return self.state in ("T", "t")
 
-    @property
-    def is_uninterruptible(self) -> bool:
-        return self.state == "D"
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How the server's main process ended: exit code or terminating signal."""
+
+    exit_code: int | None
+    signal_number: int | None
+
+    @classmethod
+    def from_returncode(cls, returncode: int) -> ExitStatus:
+        """Popen's returncode: negative for a signal."""
+        if returncode < 0:
+            return cls(exit_code=None, signal_number=-returncode)
+        return cls(exit_code=returncode, signal_number=None)
 
 
 @dataclass(**_FROZEN)

@@ -122,11 +122,6 @@ def format_gb(n_bytes: float) -> str:
     return f"{n_bytes / GB:,.1f} GB"
 
 
-def format_gib(n_bytes: float) -> str:
-    """Binary gibibytes, the unit of free(1) -g and SGLang's reserve: 10.0 GiB."""
-    return f"{n_bytes / GiB:,.1f} GiB"
-
-
 def format_bytes(n_bytes: float) -> str:
     """A human size with the unit that keeps the number short (binary units)."""
     size = float(n_bytes)

@@ -2,7 +2,7 @@
 
 Serves /health, /health_generate, /ready, /model_info, /server_info, /v1/models, /metrics
 (with --enable-metrics) and a toy POST /generate, with SGLang's status codes per phase
-(sglang.md §4). /health pings every scheduler over its pipe, as SGLang's 1-token generation
+(docs/sglang.md §4). /health pings every scheduler over its pipe, as SGLang's 1-token generation
 needs every rank to answer.
 """
 
@@ -16,13 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from typing import Any
 
-from supervisor.core.sglang_args import LaunchPlan
+from supervisor.testing.args import SimArgs
 from supervisor.testing.scenario import Scenario
 
 PHASE_STARTING = "starting"  # HTTP up, warmup not done: health 503
 PHASE_UP = "up"
 PHASE_DRAINING = "draining"  # after SIGTERM: health and ready 503
-PHASE_CRASHING = "crashing"  # crash path: HTTP frozen, no answers (sglang.md §3.1)
+PHASE_CRASHING = "crashing"  # crash path: HTTP frozen, no answers (docs/sglang.md §3.1)
 
 
 class RankLink:
@@ -58,7 +58,7 @@ class ServerView:
     """What the HTTP threads see of the server: phase, static info, links to the ranks."""
 
     def __init__(
-        self, plan: LaunchPlan, scenario: Scenario, info: dict[str, Any], ranks: list[RankLink]
+        self, plan: SimArgs, scenario: Scenario, info: dict[str, Any], ranks: list[RankLink]
     ) -> None:
         self.plan = plan
         self.scenario = scenario
@@ -94,7 +94,7 @@ class ServerView:
         if phase != PHASE_UP:
             return 503
         if self.plan.node_rank >= 1:
-            return 200  # worker nodes run a dummy health server: always 200 (sglang.md §3)
+            return 200  # worker nodes run a dummy health server: always 200 (docs/sglang.md §3)
         if self.health_failing():
             return 503 if self.scenario.health_fail_mode == "503" else None
         timeout_s = self.scenario.health_check_timeout_s

@@ -19,22 +19,16 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 
-from supervisor.core.sglang_args import ArgvError, LaunchPlan, parse_launch_args
-from supervisor.core.units import GB
 from supervisor.testing import endpoints, gpu_state
-from supervisor.testing.layout import (
-    load_model_config,
-    local_ranks,
-    server_info,
-    size_server,
-)
+from supervisor.testing.args import PROG, SimArgs, SimArgsError, parse_sim_args
+from supervisor.testing.layout import GB, local_ranks, server_info, size_server
 from supervisor.testing.ranks import RankSpec, log, run_child
 from supervisor.testing.scenario import Scenario, ScenarioError, parse_scenario
 
-PROG = "launch_server.py"
 USAGE = f"usage: {PROG} [-h] --model-path MODEL_PATH [--tp-size TP_SIZE] [--port PORT] ..."
 DEFAULT_BYTES_PER_GB = 1 << 20  # 1 MiB of real memory per simulated GB
 # How often the main process checks its children (SGLang's SubprocessWatchdog: 1 s, PR #18582).
@@ -49,7 +43,7 @@ class StartupFailed(Exception):
         self.exit_code = exit_code
 
 
-def argparse_error(message: str) -> None:
+def argparse_error(message: str) -> NoReturn:
     """Exit 2 the way SGLang's argparse does."""
     sys.stderr.write(f"{USAGE}\n{PROG}: error: {message}\n")
     sys.stderr.flush()
@@ -65,7 +59,7 @@ class Launcher:
     """SGLang's main process: start children, serve HTTP, watch children, handle signals."""
 
     def __init__(
-        self, plan: LaunchPlan, scenario: Scenario, argv: Sequence[str], bytes_per_gb: int
+        self, plan: SimArgs, scenario: Scenario, argv: Sequence[str], bytes_per_gb: int
     ) -> None:
         self.plan = plan
         self.scenario = scenario
@@ -73,7 +67,7 @@ class Launcher:
         self.state_dir = Path(state) if state else None
         self.bytes_per_gb = bytes_per_gb
         gpus = gpu_state.read_gpus(self.state_dir) if self.state_dir else ()
-        self.sizing = size_server(plan, scenario, load_model_config(plan.model_path or ""), gpus)
+        self.sizing = size_server(plan, scenario, gpus)
         self.info = server_info(plan, self.sizing, argv)
         self.children: list[tuple[str, BaseProcess, Connection]] = []
         # Signal handlers only record (style.md §4); the main loop acts.
@@ -261,11 +255,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if rejected:
         argparse_error(f"unrecognized arguments: {' '.join(rejected)}")
     try:
-        plan = parse_launch_args(argv)
-    except ArgvError as exc:
+        plan = parse_sim_args(argv)
+    except SimArgsError as exc:
         argparse_error(str(exc))
-    if not plan.model_path:
-        argparse_error("the following arguments are required: --model-path/--model")
     launcher = Launcher(plan, scenario, argv, int(raw_scale))
     # SGLang's worker nodes (node_rank >= 1) ignore SIGTERM (sglang.md §3.1).
     if scenario.ignore_sigterm or plan.node_rank >= 1:

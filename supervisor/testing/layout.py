@@ -1,7 +1,8 @@
 """How the simulated server lays itself out: scheduler titles and GPUs per rank, pool sizes, info.
 
-Pure helpers over the LaunchPlan; sizes come from the pre-flight's arithmetic (core.model_geometry,
-core.fit) so the simulation allocates what the supervisor predicts.
+Written from SGLang's launcher (entrypoints/engine.py `_calculate_rank_ranges`,
+`compute_local_gpu_id`, managers/data_parallel_controller.py) and sized with
+supervisor/testing/sizing.py, never with the supervisor's own arithmetic.
 """
 
 from __future__ import annotations
@@ -10,69 +11,61 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.core import fit, model_geometry
-from supervisor.core.sglang_args import LaunchPlan, redact_argv
-from supervisor.core.units import GB
-from supervisor.testing import gpu_state
+from supervisor.testing import gpu_state, sizing
+from supervisor.testing.args import SimArgs
 from supervisor.testing.scenario import Scenario
 
-# Used when --model-path has no readable config.json: Llama-3-70B geometry (sglang.md §7).
-DEFAULT_MODEL_CONFIG: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "hidden_size": 8192,
-    "head_dim": 128,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 131072,
-}
+GB = 10**9
 
 
-def scheduler_title(plan: LaunchPlan, dp_rank: int, pp_rank: int, tp_rank: int) -> str:
-    """SGLang's scheduler title: sglang::scheduler + _DP/_PP/_TP/_EP parts (sglang.md §3)."""
+def scheduler_title(args: SimArgs, dp_rank: int, pp_rank: int, tp_rank: int) -> str:
+    """SGLang's scheduler title: sglang::scheduler + _DP/_PP/_TP/_EP parts."""
     title = "sglang::scheduler"
-    if plan.dp_size > 1:
+    if args.dp_size > 1:
         title += f"_DP{dp_rank}"
-    if plan.pp_size > 1:
+    if args.pp_size > 1:
         title += f"_PP{pp_rank}"
-    if plan.tp_size > 1:
+    if args.tp_size > 1:
         title += f"_TP{tp_rank}"
-    if plan.ep_size > 1:
-        title += f"_EP{tp_rank // max(1, plan.tp_size // plan.ep_size)}"
+    if args.ep_size > 1:
+        title += f"_EP{tp_rank // max(1, args.tp_size // args.ep_size)}"
     return title
 
 
-def local_ranks(plan: LaunchPlan) -> list[tuple[str, str, int]]:
+def _replicas(args: SimArgs) -> int:
+    """Plain data parallelism runs dp_size whole TP worlds; DP attention shares one."""
+    if args.enable_dp_attention or args.attn_dp_size > 1:
+        return 1
+    return args.dp_size
+
+
+def local_ranks(args: SimArgs) -> list[tuple[str, str, int]]:
     """(title, log prefix, gpu index) for each scheduler on this node, in SGLang's order."""
-    tp_per_node = max(1, plan.tp_size // plan.nnodes) if plan.pp_size == 1 else plan.tp_size
-    pp_per_node = max(1, plan.pp_size // plan.nnodes) if plan.pp_size > 1 else 1
-    node_pp0 = plan.node_rank * pp_per_node if plan.pp_size > 1 else 0
-    node_tp0 = plan.node_rank * tp_per_node if plan.pp_size == 1 else 0
-    gpus = plan.local_gpu_ids()
+    pp_per_node = max(args.pp_size // args.nnodes, 1)
+    nnodes_per_pp_rank = max(args.nnodes // args.pp_size, 1)
+    tp_per_node = args.tp_size // nnodes_per_pp_rank
+    pp_first = pp_per_node * (args.node_rank // nnodes_per_pp_rank)
+    tp_first = tp_per_node * (args.node_rank % nnodes_per_pp_rank)
+    attn_dp = args.attn_dp_size if args.attn_dp_size > 1 else args.dp_size
     out: list[tuple[str, str, int]] = []
-    attn_dp = plan.attn_dp_size if plan.attn_dp_size > 1 else plan.dp_size
-    for replica in range(plan.data_parallel_replicas):
-        for pp in range(pp_per_node):
-            for tp in range(tp_per_node):
-                tp_rank, pp_rank = node_tp0 + tp, node_pp0 + pp
-                if plan.data_parallel_replicas > 1:
+    for replica in range(_replicas(args)):
+        replica_base = replica * args.tp_size * args.pp_size * args.gpu_id_step
+        for pp_rank in range(pp_first, pp_first + pp_per_node):
+            for tp_rank in range(tp_first, tp_first + tp_per_node):
+                if _replicas(args) > 1:
                     dp_rank = replica
                 else:  # DP attention: the dp rank is a slice of the TP group
-                    dp_rank = tp_rank // max(1, plan.tp_size // attn_dp)
-                title = scheduler_title(plan, dp_rank, pp_rank, tp_rank)
+                    dp_rank = tp_rank // max(1, args.tp_size // attn_dp)
+                gpu = (
+                    args.base_gpu_id
+                    + replica_base
+                    + (pp_rank % pp_per_node) * tp_per_node
+                    + (tp_rank % tp_per_node) * args.gpu_id_step
+                )
+                title = scheduler_title(args, dp_rank, pp_rank, tp_rank)
                 prefix = title.removeprefix("sglang::scheduler_").replace("_", " ")
-                out.append((title, "" if prefix == "sglang::scheduler" else prefix, gpus[len(out)]))
+                out.append((title, "" if prefix == "sglang::scheduler" else prefix, gpu))
     return out
-
-
-def load_model_config(model_path: str) -> dict[str, Any]:
-    try:
-        from supervisor.adapters.model_config import load_model_config
-
-        return dict(load_model_config(model_path).config)
-    except Exception:  # noqa: BLE001 - any model the fake cannot read gets the default geometry
-        return dict(DEFAULT_MODEL_CONFIG)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,73 +79,88 @@ class Sizing:
     attention_kind: str
 
 
-def size_server(plan: LaunchPlan, scenario: Scenario, config: dict[str, Any], gpus: Any) -> Sizing:
-    """Device tokens and host pool per rank with the pre-flight's arithmetic (core.fit)."""
+def size_server(args: SimArgs, scenario: Scenario, gpus: Sequence[Any]) -> Sizing:
+    """Device tokens and host pool per rank, as SGLang computes them (testing/sizing.py)."""
+    config = sizing.read_model_config(args.model_path)
     try:
-        bpt = model_geometry.bytes_per_token_per_rank(config, plan)
-        indexer = model_geometry.indexer_bytes_per_token_per_rank(config, plan)
-        mla = model_geometry.is_mla(config)
-        kind = model_geometry.attention_kind(config)
-    except model_geometry.GeometryError:
-        config = DEFAULT_MODEL_CONFIG
-        bpt = model_geometry.bytes_per_token_per_rank(config, plan)
-        indexer, mla, kind = 0, False, "mha"
+        geo = sizing.geometry(config, args)
+    except (KeyError, TypeError, ValueError):
+        geo = sizing.geometry(sizing.DEFAULT_MODEL_CONFIG, args)
     total = scenario.gpu_total_bytes or (
         min(g.total_bytes for g in gpus) if gpus else gpu_state.DEFAULT_TOTAL_BYTES
     )
-    fraction = plan.mem_fraction_static or fit.auto_mem_fraction_static(total, plan, mla=mla)
-    device_tokens = scenario.max_total_num_tokens or fit.estimate_device_tokens(
-        gpu_free_bytes=total - gpu_state.DEFAULT_BASELINE_USED_BYTES,
-        weights_per_rank_bytes=scenario.weight_bytes_per_rank,
-        mem_fraction_static=fraction,
-        bytes_per_token=bpt,
-        page_size=plan.effective_page_size,
-        max_total_tokens=plan.max_total_tokens,
+    fraction = args.mem_fraction_static or sizing.mem_fraction_static(total, args, mla=geo.mla)
+    tokens = scenario.max_total_num_tokens or sizing.device_tokens(
+        free_before_bytes=total
+        - gpu_state.DEFAULT_BASELINE_USED_BYTES
+        - scenario.cuda_context_bytes,
+        weights_bytes=scenario.weight_bytes_per_rank,
+        mem_fraction=fraction,
+        cell_bytes=geo.size_per_token + geo.indexer_per_token,
+        page_size=args.page_size or 1,
+        max_total_tokens=args.max_total_tokens,
     )
-    pool_tokens = fit.host_pool_tokens(plan, bpt, device_tokens)
+    pool_tokens = (
+        sizing.host_pool_tokens(args, geo.size_per_token, tokens)
+        if args.enable_hierarchical_cache
+        else 0
+    )
     return Sizing(
-        bytes_per_token=bpt,
-        device_tokens=device_tokens,
+        bytes_per_token=geo.size_per_token,
+        device_tokens=tokens,
         pool_tokens=pool_tokens,
-        pool_bytes=pool_tokens * (bpt + indexer),
+        pool_bytes=pool_tokens * (geo.size_per_token + geo.indexer_per_token),
         gpu_total_bytes=total,
         gpu_used_bytes=int(total * fraction),
-        attention_kind=kind,
+        attention_kind=geo.kind,
     )
 
 
-def server_info(plan: LaunchPlan, sizing: Sizing, argv: Sequence[str]) -> dict[str, Any]:
-    model_path = plan.model_path or ""
-    served = plan.served_model_name or model_path
-    kv_gb = sizing.device_tokens * sizing.bytes_per_token / GB
-    server_info = {
+def mask_argv(argv: Sequence[str]) -> str:
+    """The launch command as /server_info shows it, API keys masked."""
+    out = list(argv)
+    for i, token in enumerate(out):
+        name, eq, _value = token.partition("=")
+        if name in ("--api-key", "--admin-api-key"):
+            if eq:
+                out[i] = f"{name}=***"
+            elif i + 1 < len(out):
+                out[i + 1] = "***"
+    return " ".join(out)
+
+
+def server_info(args: SimArgs, sizing_: Sizing, argv: Sequence[str]) -> dict[str, Any]:
+    model_path = args.model_path
+    served = args.served_model_name or model_path
+    kv_gb = sizing_.device_tokens * sizing_.bytes_per_token / GB
+    info = {
         "model_path": model_path,
         "served_model_name": served,
-        "tp_size": plan.tp_size,
-        "dp_size": plan.dp_size,
-        "pp_size": plan.pp_size,
-        "nnodes": plan.nnodes,
-        "node_rank": plan.node_rank,
-        "host": plan.host,
-        "port": plan.port,
-        "base_gpu_id": plan.base_gpu_id,
-        "gpu_id_step": plan.gpu_id_step,
-        "page_size": plan.effective_page_size,
-        "enable_hierarchical_cache": plan.enable_hierarchical_cache,
-        "hicache_ratio": plan.hicache_ratio,
-        "hicache_size": plan.hicache_size_gb,
-        "enable_metrics": plan.enable_metrics,
-        "launch_command": " ".join(redact_argv(argv)),
-        "max_total_num_tokens": sizing.device_tokens,
-        "internal_states": [{"max_total_num_tokens": sizing.device_tokens}],
+        "tp_size": args.tp_size,
+        "dp_size": args.dp_size,
+        "pp_size": args.pp_size,
+        "nnodes": args.nnodes,
+        "node_rank": args.node_rank,
+        "host": args.host,
+        "port": args.port,
+        "base_gpu_id": args.base_gpu_id,
+        "gpu_id_step": args.gpu_id_step,
+        "page_size": args.page_size or 1,
+        "enable_hierarchical_cache": args.enable_hierarchical_cache,
+        "hicache_ratio": args.hicache_ratio,
+        "hicache_size": args.hicache_size,
+        "enable_metrics": args.enable_metrics,
+        "launch_command": mask_argv(argv),
+        "max_total_num_tokens": sizing_.device_tokens,
+        "internal_states": [{"max_total_num_tokens": sizing_.device_tokens}],
         "version": "0.5.23 (simulated)",
     }
     return {
         "served_model_name": served,
-        "max_total_num_tokens": sizing.device_tokens,
-        "hicache_host_total_tokens": sizing.pool_tokens,
+        "max_total_num_tokens": sizing_.device_tokens,
+        "hicache_host_total_tokens": sizing_.pool_tokens,
         "kv_cache_gb": round(kv_gb, 2),
-        "server_info": server_info,
+        "server_info": info,
         "model_info": {
             "model_path": model_path,
             "tokenizer_path": model_path,

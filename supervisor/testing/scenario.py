@@ -61,6 +61,7 @@ class Scenario:
     runtime_gb: float = 4.0
     gpu_total_bytes: int | None = None
     weight_bytes_per_rank: int = 20 << 30
+    cuda_context_bytes: int = 0
     max_total_num_tokens: int | None = None
     leak: Leak | None = None
     crash: Crash | None = None

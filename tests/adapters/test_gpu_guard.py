@@ -10,10 +10,16 @@ from supervisor.adapters.gpu_guard import GuardedGpuSensor, _from_json, _to_json
 from supervisor.core.readings import GpuProcess, GpuState
 from supervisor.testing import gpu_state
 
+SIM = "supervisor.testing.fake_nvml"
+
+
+def _sim(state: Path) -> dict[str, str]:
+    return {"FAKE_GPU_STATE_DIR": str(state)}
+
 
 def test_reads_the_simulated_gpus_through_the_worker(make_gpu_state: Callable[..., Path]):
     state = make_gpu_state(2)
-    guard = GuardedGpuSensor("sim", sim_state_dir=state, timeout_s=5.0)
+    guard = GuardedGpuSensor(SIM, env=_sim(state), timeout_s=5.0)
     try:
         gpus = guard.read_gpus()
         assert gpus is not None
@@ -32,7 +38,7 @@ def test_a_hanging_nvml_call_answers_unknown_within_the_deadline_and_alerts(
     state = make_gpu_state(1)
     alerts: list[str] = []
     guard = GuardedGpuSensor(
-        "sim", sim_state_dir=state, timeout_s=0.5, retry_after_s=60.0, on_alert=alerts.append
+        SIM, env=_sim(state), timeout_s=0.5, retry_after_s=60.0, on_alert=alerts.append
     )
     try:
         assert guard.read_gpus() is not None  # worker up and answering
@@ -58,7 +64,7 @@ def test_a_worker_that_will_not_exit_at_close_is_killed_and_reaped(
     """Its NVML shutdown hangs: close() kills it, and reaps it too, so its Popen never outlives
     the sensor unwaited (a ResourceWarning "subprocess N is still running" when collected)."""
     state = make_gpu_state(1)
-    guard = GuardedGpuSensor("sim", sim_state_dir=state, timeout_s=0.5)
+    guard = GuardedGpuSensor(SIM, env=_sim(state), timeout_s=0.5)
     try:
         assert guard.read_gpus() is not None
         worker = guard._worker
@@ -70,13 +76,6 @@ def test_a_worker_that_will_not_exit_at_close_is_killed_and_reaped(
     finally:
         gpu_state.set_nvml_hang(state, None)
         guard.close()
-
-
-def test_the_none_backend_watches_nothing():
-    guard = GuardedGpuSensor("none")
-    assert not guard.is_watching
-    assert guard.read_gpus() is None
-    guard.close()
 
 
 def test_snapshots_survive_the_json_round_trip():

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV, ProcReader
+from supervisor.core.ownership import Owner, whose
 
 KIB = 1024
 
@@ -141,12 +142,21 @@ def test_a_comm_with_spaces_and_parentheses_parses(proc_root):
     assert (info.state, info.ppid, info.title) == ("T", 1, "we (ird) name")
 
 
+def _leftovers(reader: ProcReader, instance: str, recorded: dict[int, int] | None = None):
+    """The PIDs core.ownership calls ours among the marks this reader scans."""
+    return [
+        m.pid
+        for m in sorted(reader.scan_marks(), key=lambda m: m.pid)
+        if whose(m, instance=instance, self_pid=100, self_mark="100:1000", recorded=recorded)
+        is Owner.OURS
+    ]
+
+
 def test_leftovers_are_recorded_pids_with_matching_start_time_or_the_instance_marker(proc_root):
     reader = ProcReader(proc_root)
-    found = reader.find_leftovers(instance="main", recorded=[(201, 1000), (203, 999)])
     # 203's start time differs: the PID was reused by another process.
-    assert [p.pid for p in found] == [201, 300]
-    assert reader.find_leftovers(instance="other") == ()
+    assert _leftovers(reader, "main", {201: 1000, 203: 999}) == [201, 300]
+    assert _leftovers(reader, "other") == []
     assert reader.start_ticks(201) == 1000
 
 
@@ -176,4 +186,10 @@ def test_marked_processes_of_another_live_supervisor_are_not_leftovers(tmp_path)
     orphan_marker = {INSTANCE_ENV: "qwen", SUPERVISOR_ENV: "600:77"}  # that supervisor is gone
     write_proc(root, 502, ppid=1, pgid=502, cmdline="sglang::scheduler_TP1", environ=orphan_marker)
     reader = ProcReader(root)
-    assert [p.pid for p in reader.find_leftovers(instance="qwen")] == [502]
+    assert _leftovers(reader, "qwen") == [502]
+    marks = reader.marks(501)
+    assert marks is not None
+    assert (marks.instance, marks.launched_by, marks.launcher_alive) == ("qwen", "500:4242", True)
+    gone = reader.marks(502)
+    assert gone is not None
+    assert not gone.launcher_alive

@@ -1,4 +1,4 @@
-"""adapters.reclaim: pidfd kill + process_mrelease, /proc state and title (real processes)."""
+"""adapters.reclaim: pidfd kill + process_mrelease (real processes); states read by procfs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 from supervisor.adapters import reclaim
+from supervisor.adapters.procfs import ProcReader
 from tests.waiting import wait_until
+
+
+def state_of(pid: int, root: Path = Path("/proc")) -> str | None:
+    marks = ProcReader(root).marks(pid)
+    return None if marks is None else marks.state
 
 
 def _sleeper() -> subprocess.Popen[bytes]:
@@ -17,10 +23,10 @@ def _sleeper() -> subprocess.Popen[bytes]:
 def test_kill_and_reclaim_kills_a_live_process_and_reports_a_gone_one():
     proc = _sleeper()
     try:
-        assert reclaim.process_state(proc.pid) in {"R", "S"}
+        assert state_of(proc.pid) in {"R", "S"}
         assert reclaim.kill_and_reclaim(proc.pid)
         assert proc.wait(timeout=10) == -9
-        assert reclaim.process_state(proc.pid) is None
+        assert state_of(proc.pid) is None
         assert not reclaim.kill_and_reclaim(proc.pid)
     finally:
         proc.kill()
@@ -30,10 +36,10 @@ def test_kill_and_reclaim_kills_a_live_process_and_reports_a_gone_one():
 def test_a_zombie_is_reported_as_z_until_reaped():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
-        wait_until(lambda: reclaim.process_state(proc.pid) == "Z", what="child to become a zombie")
+        wait_until(lambda: state_of(proc.pid) == "Z", what="child to become a zombie")
     finally:
         proc.wait()
-    assert reclaim.process_state(proc.pid) is None
+    assert state_of(proc.pid) is None
 
 
 def test_process_mrelease_fails_softly_on_a_live_process():
@@ -50,12 +56,13 @@ def test_process_mrelease_fails_softly_on_a_live_process():
             assert reclaim.release_memory([fd]) in (0, 1)
 
 
-def test_state_and_title_tolerate_hostile_proc_entries(tmp_path: Path):
+def test_the_state_tolerates_hostile_proc_entries(tmp_path: Path):
     (tmp_path / "7").mkdir()
-    (tmp_path / "7" / "stat").write_bytes(b"7 (we (ird) name) D 1 7 7 0")
+    rest = " ".join(["D", "1", "7"] + ["0"] * 16 + ["4242"])
+    (tmp_path / "7" / "stat").write_bytes(f"7 (we (ird) name) {rest}".encode())
     (tmp_path / "7" / "cmdline").write_bytes(b"sglang::scheduler_TP3\0")
     (tmp_path / "8").mkdir()
     (tmp_path / "8" / "stat").write_bytes(b"8 (x)")
-    assert reclaim.process_state(7, tmp_path) == "D"
-    assert reclaim.process_state(8, tmp_path) is None
-    assert reclaim.process_state(9, tmp_path) is None
+    assert state_of(7, tmp_path) == "D"
+    assert state_of(8, tmp_path) is None
+    assert state_of(9, tmp_path) is None

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from supervisor.adapters.procfs import RUN_ENV
 from supervisor.adapters.server_process import OutputPump, ServerProcess
+from supervisor.core.classify import FailureKind
+from supervisor.core.events import STOP_REQUESTED, KillReason
 from tests.waiting import wait_until
 
 SERVER = r"""
@@ -52,18 +54,19 @@ def test_kill_all_takes_the_group_and_the_setsid_escapee(tmp_path: Path):
         assert "sk-test-secret-1" not in "".join(lines)
 
         escapee = next(p.pid for p in tree if p.pgid != server.pgid)
-        signalled = server.kill_all("rank_crash", "test")
+        signalled = server.kill_all(KillReason(FailureKind.RANK_CRASH, "test"))
         assert escapee in signalled
         wait_until(lambda: not server.remaining(), timeout_s=10, what="tree gone")
         status = wait_until(server.poll, timeout_s=5, what="exit status")
         assert status is not None
         assert status.signal_number == 9
         assert server.kill_reason is not None
-        assert server.kill_reason.kind == "rank_crash"
+        assert server.kill_reason.failure is FailureKind.RANK_CRASH
         # The first reason wins: a later stop does not overwrite why it was killed.
-        assert server.record_kill_reason("stop").kind == "rank_crash"
+        server.terminate(STOP_REQUESTED)
+        assert server.kill_reason.failure is FailureKind.RANK_CRASH
     finally:
-        server.kill_all()
+        server.kill_all(STOP_REQUESTED)
         server.pump.join(5)
         server.close()
 

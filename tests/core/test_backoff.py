@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.core.backoff import BackoffPolicy, RestartBudget, backoff_delay_s
+from supervisor.core.backoff import (
+    BackoffPolicy,
+    RestartBudget,
+    RunEnd,
+    backoff_delay_s,
+    decide_after_failure,
+    terminal_end,
+)
+from supervisor.core.classify import FailureKind
 
 
 def test_delays_double_from_initial_up_to_the_cap():
@@ -57,3 +65,34 @@ def test_tiny_test_timings_follow_the_same_rule(initial, cap):
     policy = BackoffPolicy(initial_s=initial, max_s=cap)
     delays = [backoff_delay_s(policy, n) for n in (1, 2, 3, 4)]
     assert delays == [min(cap, initial * 2**k) for k in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("kind", "end"),
+    [
+        (FailureKind.BAD_FLAGS, RunEnd.ARGS_REJECTED),
+        (FailureKind.GPU_DIRTY, RunEnd.GPU_UNRECOVERABLE),
+        (FailureKind.STARTUP_TIMEOUT, RunEnd.STARTUP_FAILED),
+    ],
+)
+def test_failures_a_restart_cannot_help_end_the_run_without_spending_the_budget(kind, end):
+    budget = RestartBudget(BackoffPolicy())
+    after, decision = decide_after_failure(budget, kind, 0.0)
+    assert decision.end is end
+    assert after is budget
+
+
+@pytest.mark.parametrize("kind", [k for k in FailureKind if terminal_end(k) is None])
+def test_every_other_failure_is_restarted_and_counted(kind):
+    after, decision = decide_after_failure(RestartBudget(BackoffPolicy()), kind, 0.0)
+    assert decision.end is None
+    assert decision.delay_s == 10
+    assert after.total_restarts == 1
+
+
+def test_a_crash_loop_ends_the_run_as_such():
+    budget = RestartBudget(BackoffPolicy(max_restarts=1))
+    budget, first = decide_after_failure(budget, FailureKind.RANK_CRASH, 0.0)
+    _, second = decide_after_failure(budget, FailureKind.RANK_CRASH, 1.0)
+    assert first.end is None
+    assert second.end is RunEnd.CRASH_LOOP

@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 
 from supervisor.core.classify import (
-    NEVER_RETRIED,
     DeathContext,
     FailureKind,
     classify,
     describe_exit,
-    hint_for,
 )
 
 K = FailureKind
@@ -88,7 +86,6 @@ def test_bad_flags_hint_carries_sglangs_own_message():
     result = classify(2, None, ["some noise", *ARGPARSE], DeathContext())
     assert "unrecognized arguments: --bogus-flag" in result.hint
     assert "some noise" not in result.hint
-    assert K.BAD_FLAGS in NEVER_RETRIED
 
 
 def test_a_tree_we_killed_is_never_bad_flags_even_with_exit_2():
@@ -111,7 +108,7 @@ def test_override_detail_is_appended_and_every_kind_has_a_hint():
         None, 9, [], DeathContext(override=K.MEMORY_KILL, override_detail="3 GB left")
     )
     assert result.hint.endswith(": 3 GB left")
-    assert all(hint_for(k) for k in FailureKind)
+    assert all(classify(None, None, [], DeathContext(override=k)).hint for k in FailureKind)
     assert len({k.value for k in FailureKind}) == 13
 
 

@@ -6,51 +6,14 @@ import pytest
 
 from supervisor.core.liveness import (
     RankProblem,
-    expected_scheduler_titles,
     is_scheduler_title,
     judge_ranks,
 )
 from supervisor.core.readings import ProcessInfo
-from supervisor.core.sglang_args import parse_launch_args
 
 
 def proc(pid: int, title: str, state: str = "S") -> ProcessInfo:
     return ProcessInfo(pid=pid, ppid=1, pgid=1, state=state, title=title)
-
-
-@pytest.mark.parametrize(
-    ("argv", "titles"),
-    [
-        ([], ("sglang::scheduler",)),
-        (["--tp", "2"], ("sglang::scheduler_TP0", "sglang::scheduler_TP1")),
-        (
-            ["--tp-size", "2", "--dp-size", "2"],
-            (
-                "sglang::scheduler_DP0_TP0",
-                "sglang::scheduler_DP0_TP1",
-                "sglang::scheduler_DP1_TP0",
-                "sglang::scheduler_DP1_TP1",
-            ),
-        ),
-        (
-            ["--tp-size", "2", "--pp-size", "2"],
-            (
-                "sglang::scheduler_PP0_TP0",
-                "sglang::scheduler_PP0_TP1",
-                "sglang::scheduler_PP1_TP0",
-                "sglang::scheduler_PP1_TP1",
-            ),
-        ),
-        (
-            ["--tp-size", "4", "--nnodes", "2", "--node-rank", "1"],
-            ("sglang::scheduler_TP2", "sglang::scheduler_TP3"),
-        ),
-    ],
-)
-def test_expected_titles_follow_sglangs_naming(argv, titles):
-    plan = parse_launch_args(argv)
-    assert expected_scheduler_titles(plan) == titles
-    assert len(titles) == plan.local_ranks
 
 
 def test_all_schedulers_alive_is_ok_and_other_processes_do_not_count():

@@ -11,7 +11,6 @@ from supervisor.core.policy import (
     Limits,
     Reading,
     Verdict,
-    check_limits,
     decide,
     growth_rates,
     next_interval_s,
@@ -200,22 +199,3 @@ def test_percent_levels_use_available_plus_the_tree_as_base_and_the_lower_form_w
 def test_tree_kill_line_takes_the_larger_margin():
     assert tree_kill_line(400 * GB, 10.0, 8 * GiB) == 440 * GB
     assert tree_kill_line(10 * GB, 10.0, 8 * GiB) == 10 * GB + 8 * GiB
-
-
-@pytest.mark.parametrize(
-    ("limits", "fragment"),
-    [
-        (Limits(kill=Level(bytes_=5 * GB), terminate=Level(bytes_=4 * GB)), "kill level"),
-        (Limits(terminate=Level(percent=9.0), warn=Level(percent=8.0)), "terminate level"),
-        (Limits(kill=Level(bytes_=9 * GB), terminate=Level(), warn=Level(bytes_=8 * GB)), "warn"),
-        (Limits(min_interval_s=2.0), "min_interval"),
-        (Limits(warn_ticks=0), "warn_ticks"),
-    ],
-)
-def test_contradicting_levels_are_reported(limits, fragment):
-    problems = check_limits(limits)
-    assert any(fragment in p for p in problems), problems
-
-
-def test_default_levels_are_consistent():
-    assert check_limits(Limits()) == []

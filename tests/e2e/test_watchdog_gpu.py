@@ -18,16 +18,20 @@ from supervisor.adapters import reclaim
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.gpu_guard import GuardedGpuSensor
 from supervisor.adapters.gpu_reset import CommandGpuResetter
-from supervisor.cleanup import (
+from supervisor.core.classify import FailureKind
+from supervisor.core.events import KillReason, MemoryAction, WatchdogEvent
+from supervisor.errors import ExitCode, GpuUnrecoverable
+from supervisor.memory.watchdog import MemoryWatchdog
+from supervisor.run.gpu_wait import (
+    Holders,
     ReleaseResult,
     measure_baselines,
     raise_if_unrecoverable,
     wait_for_gpu_release,
 )
-from supervisor.errors import ExitCode, GpuUnrecoverable
 from supervisor.testing import gpu_state
-from supervisor.watchdog import MemoryWatchdog
-from tests.e2e.watchdog_support import Launched, launched, tree_limits
+from tests.adapters.test_reclaim import state_of
+from tests.e2e.watchdog_support import Launched, launched, sim_sensor, system_holders, tree_limits
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -39,28 +43,29 @@ RESET = f"{sys.executable} -m supervisor.testing.fake_gpu_reset {{index}}"
 def _kill_and_release(
     run: Launched,
     sensor: GuardedGpuSensor,
+    gpus: Path,
     baselines: dict[str, int],
     *,
     reset_command: str | None,
     timeout_s: float,
-    process_state: Callable[[int], str | None] = reclaim.process_state,
-    kill: Callable[[int], bool] = reclaim.kill_and_reclaim,
+    holders: Holders | None = None,
 ) -> ReleaseResult:
     old = [p.pid for p in run.server.tree()]
-    run.server.kill_all("memory_kill", "test")
+    run.server.kill_all(KillReason(FailureKind.MEMORY_KILL, "test"))
     wait_until(lambda: not run.live_tree(), timeout_s=10, what="tree gone")
     return wait_for_gpu_release(
         sensor,
         [0, 1],
         old,
         clock=SystemClock(),
+        holders=holders or system_holders(),
         baselines=baselines,
         timeout_s=timeout_s,
         resetter=(
             CommandGpuResetter(
                 reset_command,
                 timeout_s=30,
-                env={**os.environ, "FAKE_GPU_STATE_DIR": str(sensor.sim_state_dir)},
+                env={**os.environ, "FAKE_GPU_STATE_DIR": str(gpus)},
             )
             if reset_command
             else None
@@ -68,8 +73,6 @@ def _kill_and_release(
         reset_settle_s=0.5,
         d_state_grace_s=timeout_s,
         poll_interval_s=0.05,
-        process_state=process_state,
-        kill=kill,
     )
 
 
@@ -80,7 +83,7 @@ def gpus(make_gpu_state: Callable[..., Path]) -> Path:
 
 @pytest.fixture
 def sensor(gpus: Path):
-    guard = GuardedGpuSensor("sim", sim_state_dir=gpus)
+    guard = sim_sensor(gpus)
     yield guard
     guard.close()
 
@@ -90,7 +93,7 @@ def test_a_delayed_release_is_waited_for(gpus: Path, sensor: GuardedGpuSensor, f
     baselines = measure_baselines(sensor, [0, 1])
     with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
         wait_until(run.ready, timeout_s=30, what="server ready")
-        result = _kill_and_release(run, sensor, baselines, reset_command=None, timeout_s=20)
+        result = _kill_and_release(run, sensor, gpus, baselines, reset_command=None, timeout_s=20)
     assert result.ok, result.reason
     assert result.elapsed_s >= 0.5  # the dead ranks' PIDs stayed listed for a while
     assert result.reset_gpus == ()
@@ -104,7 +107,7 @@ def test_a_stuck_gpu_is_reset_by_the_configured_command_then_free(
     baselines = measure_baselines(sensor, [0, 1])
     with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
         wait_until(run.ready, timeout_s=30, what="server ready")
-        result = _kill_and_release(run, sensor, baselines, reset_command=RESET, timeout_s=1.0)
+        result = _kill_and_release(run, sensor, gpus, baselines, reset_command=RESET, timeout_s=1.0)
     assert result.ok, result.reason
     assert result.reset_gpus == (0, 1)
     after = sensor.read_gpus()
@@ -120,7 +123,9 @@ def test_a_failing_reset_means_no_relaunch_and_exit_code_6(
     broken = f"{sys.executable} -m supervisor.testing.fake_gpu_reset 7"  # no such GPU: exit 6
     with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
         wait_until(run.ready, timeout_s=30, what="server ready")
-        result = _kill_and_release(run, sensor, baselines, reset_command=broken, timeout_s=1.0)
+        result = _kill_and_release(
+            run, sensor, gpus, baselines, reset_command=broken, timeout_s=1.0
+        )
     assert not result.ok
     assert "reset failed" in result.reason
     with pytest.raises(GpuUnrecoverable) as err:
@@ -148,35 +153,34 @@ def test_an_orphan_holding_a_gpu_is_found_and_killed(
             timeout_s=10,
             what="orphan started",
         )[0]
-        # The naive kill: only the process group (prior-art.md §5: misses the setsid child).
+        # The naive kill: only the process group, which misses the setsid child.
         run.server.signal_group(signal.SIGKILL)
         wait_until(
-            lambda: all(reclaim.process_state(p) in (None, "Z") for p in group),
+            lambda: all(state_of(p) in (None, "Z") for p in group),
             timeout_s=10,
             what="group dead",
         )
-        assert reclaim.process_state(orphan) not in (None, "Z")
+        assert state_of(orphan) not in (None, "Z")
         result = wait_for_gpu_release(
             sensor,
             [0, 1],
             [],  # the old run's PIDs unknown: recognised by its SGLang title
             clock=SystemClock(),
+            holders=system_holders(),
             baselines=baselines,
             timeout_s=20,
             poll_interval_s=0.05,
         )
     assert result.ok, result.reason
     assert orphan in result.killed_pids
-    wait_until(
-        lambda: reclaim.process_state(orphan) in (None, "Z"), timeout_s=5, what="orphan gone"
-    )
+    wait_until(lambda: state_of(orphan) in (None, "Z"), timeout_s=5, what="orphan gone")
 
 
 def test_a_d_state_holder_is_waited_for_not_re_killed(
     gpus: Path, sensor: GuardedGpuSensor, free_port: int
 ):
     """The simulated rank cannot really enter D state, so its /proc state is reported as D for
-    the first second after the kill (how a rank unpinning hundreds of GB looks, sglang.md §1.7)."""
+    the first second after the kill (how a rank unpinning hundreds of GB looks after SIGKILL)."""
     scenario = {"startup_s": 0.1, "gpu_release_delay_s": 1.5}
     baselines = measure_baselines(sensor, [0, 1])
     kills: list[int] = []
@@ -188,14 +192,16 @@ def test_a_d_state_holder_is_waited_for_not_re_killed(
         def state(pid: int) -> str | None:
             if pid in ranks and time.monotonic() - started < 1.0:
                 return "D"
-            return reclaim.process_state(pid)
+            return state_of(pid)
 
         def kill(pid: int) -> bool:
             kills.append(pid)
             return reclaim.kill_and_reclaim(pid)
 
+        real = system_holders()
+        holders = Holders(is_ours=real.is_ours, state=state, kill=kill)
         result = _kill_and_release(
-            run, sensor, baselines, reset_command=None, timeout_s=20, process_state=state, kill=kill
+            run, sensor, gpus, baselines, reset_command=None, timeout_s=20, holders=holders
         )
     assert result.ok, result.reason
     assert set(result.d_state_pids) == ranks
@@ -227,7 +233,8 @@ def test_memory_kills_happen_on_time_while_nvml_hangs(
         )
         dog.start()
         event = run.events.get(timeout=30)
-        assert event.kind == "memory_kill"
+        assert isinstance(event, WatchdogEvent)
+        assert event.action is MemoryAction.KILLED
         assert max(r.tree_charged_bytes for r in dog.history) < expected + 16 * MiB
         # The ticks kept their pace: no gap anywhere near the NVML deadline (5 s).
         gaps = [b.t_s - a.t_s for a, b in itertools.pairwise(dog.history)]

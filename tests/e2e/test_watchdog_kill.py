@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.clock import SystemClock
-from supervisor.adapters.gpu_guard import GuardedGpuSensor
-from supervisor.cleanup import measure_baselines, wait_for_gpu_release
+from supervisor.core.events import MemoryAction, WatchdogEvent
 from supervisor.core.readings import ProcessInfo
-from supervisor.watchdog import MemoryWatchdog
-from tests.e2e.watchdog_support import launched, tree_limits
+from supervisor.memory.watchdog import MemoryWatchdog
+from supervisor.run.gpu_wait import measure_baselines, wait_for_gpu_release
+from tests.e2e.watchdog_support import launched, sim_sensor, system_holders, tree_limits
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
         "gpu_release_delay_s": 0.5,
     }
     with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:
-        sensor = GuardedGpuSensor("sim", sim_state_dir=gpus)
+        sensor = sim_sensor(gpus)
         try:
             baselines = measure_baselines(sensor, [0, 1])
             wait_until(run.ready, timeout_s=30, what="simulated server ready")
@@ -58,7 +58,8 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
             old_pids = [p.pid for p in run.server.tree()]
             dog.start()
             event = run.events.get(timeout=30)
-            assert event.kind == "memory_kill"
+            assert isinstance(event, WatchdogEvent)
+            assert event.action is MemoryAction.KILLED
             # Every process of the group was signalled, not just the leaking rank.
             assert {p.pid for p in ranks} <= set(event.pids)
             wait_until(lambda: not run.live_tree(), timeout_s=10, what="killed tree gone")
@@ -83,6 +84,7 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
                 [0, 1],
                 old_pids,
                 clock=SystemClock(),
+                holders=system_holders(),
                 baselines=baselines,
                 timeout_s=20,
             )

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.adapters.gpu_guard import GuardedGpuSensor
+from supervisor.adapters.processes import SystemProcesses
 from supervisor.adapters.server_process import ServerProcess
+from supervisor.core.events import STOP_REQUESTED, Event
 from supervisor.core.policy import Level, Limits
 from supervisor.core.redact import redact_line
-from supervisor.watchdog import WatchdogEvent
+from supervisor.run.gpu_wait import Holders, holders_of
 from tests.testing.support import fake_server_argv, fake_server_env, http_status
 from tests.waiting import wait_until
 
@@ -26,6 +29,16 @@ QUIET_HOST = Limits(
     kill=Level(bytes_=1 * MiB),
     psi_full_warn_percent=None,
 )
+
+
+def sim_sensor(gpus: Path) -> GuardedGpuSensor:
+    """The simulated GPUs in `gpus` behind the NVML worker, as `run --gpu-backend sim` does."""
+    return GuardedGpuSensor("supervisor.testing.fake_nvml", env={"FAKE_GPU_STATE_DIR": str(gpus)})
+
+
+def system_holders() -> Holders:
+    """GPU holders judged on this host's real processes (an instance name nobody runs)."""
+    return holders_of(SystemProcesses(), f"e2e-{uuid.uuid4().hex[:8]}")
 
 
 def tree_limits(expected_bytes: int) -> Limits:
@@ -42,7 +55,7 @@ class Launched:
     server: ServerProcess
     port: int
     lines: list[str]
-    events: queue.SimpleQueue[WatchdogEvent]
+    events: queue.SimpleQueue[Event]
 
     def ready(self) -> bool:
         return http_status(self.server.pid and self.port, "/health", timeout_s=2.0) == 200
@@ -75,7 +88,7 @@ def launched(
     try:
         yield handle
     finally:
-        server.kill_all("stop")
+        server.kill_all(STOP_REQUESTED)
         # A Z leader is not reaped yet while its other threads still exit: poll() until it is,
         # or its Popen is collected "still running" (a ResourceWarning, an error here).
         wait_until(

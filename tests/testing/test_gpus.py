@@ -15,7 +15,8 @@ import psutil
 import pynvml
 import pytest
 
-from supervisor.adapters.nvml import GpuBackendError, gpus_by_uuid, open_gpu_sensor
+from supervisor.adapters.nvml import GpuBackendError, open_gpu_sensor
+from supervisor.preflight.sensors import open_sensor
 from supervisor.testing import fake_nvml, gpu_state
 from supervisor.testing.fake_gpu_reset import EXIT_OTHER, reset
 from tests.waiting import wait_until
@@ -195,11 +196,12 @@ def test_ranks_register_on_base_gpu_id_plus_rank_times_step_and_release_on_death
         2: ranks["sglang::scheduler_TP0"].pid,
         5: ranks["sglang::scheduler_TP1"].pid,
     }
-    sensor = open_gpu_sensor("sim", sim_state_dir=gpu_state_dir)
+    fake_nvml.set_state_dir(gpu_state_dir)
+    sensor = open_gpu_sensor("nvml", module=fake_nvml)
     try:
         gpus = sensor.read_gpus()
         assert gpus is not None
-        by_uuid = gpus_by_uuid(gpus)
+        by_uuid = {g.uuid: g for g in gpus}
         gpu2 = by_uuid[gpu_state.gpu_uuid(2)]
         assert [p.pid for p in gpu2.processes] == [ranks["sglang::scheduler_TP0"].pid]
         assert gpu2.used_bytes > gpu2.total_bytes // 2
@@ -212,6 +214,7 @@ def test_ranks_register_on_base_gpu_id_plus_rank_times_step_and_release_on_death
         )
     finally:
         sensor.close()
+        fake_nvml.set_state_dir(None)
 
 
 def test_gpu_release_delay_holds_memory_after_the_ranks_die(start_fake_server, gpu_state_dir):
@@ -246,12 +249,16 @@ def test_hang_nvml_makes_calls_block(start_fake_server, gpu_state_dir):
     server.stop()
 
 
-def test_open_gpu_sensor_backends(gpu_state_dir, monkeypatch):
-    assert open_gpu_sensor("none").read_gpus() is None
+def test_open_sensor_backends(gpu_state_dir, monkeypatch):
+    assert open_sensor("none").read_gpus() is None
     with pytest.raises(GpuBackendError, match="unknown GPU backend"):
-        open_gpu_sensor("cuda")
+        open_sensor("cuda")
+    monkeypatch.delenv("FAKE_GPU_STATE_DIR", raising=False)
+    fake_nvml.set_state_dir(None)
+    with pytest.raises(GpuBackendError, match="no simulated GPUs"):
+        open_sensor("sim")
     monkeypatch.setenv("FAKE_GPU_STATE_DIR", str(gpu_state_dir))
-    sensor = open_gpu_sensor("sim")
+    sensor = open_sensor("sim")
     gpus = sensor.read_gpus()
     sensor.close()
     assert gpus is not None

@@ -1,8 +1,9 @@
 """One launched server, watched tick by tick: exit status, rank processes, health, startup
-progress. Returns what it saw; the runner (supervisor/runner.py) changes state and acts.
+progress. Returns what it saw; the runner (supervisor/run/runner.py) changes state and acts.
 
 Health probes run on a worker thread (a probe may take the full 25 s timeout) so that a tick,
-and with it signal handling and rank checks, never waits on HTTP.
+and with it signal handling and rank checks, never waits on HTTP. Tests hand in an executor
+that runs the probe at once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from supervisor.adapters.server_process import ServerProcess
 from supervisor.config import RunConfig
 from supervisor.core.classify import FailureKind
 from supervisor.core.lifecycle import (
@@ -22,9 +22,10 @@ from supervisor.core.lifecycle import (
     state_for_startup_probe,
 )
 from supervisor.core.liveness import RankProblem, judge_ranks
+from supervisor.core.ports import Clock, LaunchedServer
 from supervisor.core.readings import GpuState, ProcessInfo
 from supervisor.core.units import MiB
-from supervisor.ports import Clock
+from supervisor.run.death import Death
 
 # Memory counts as load progress only when it passes the previous peak by this much: a loading
 # rank grows by GBs, an idle Python process wobbles by a few MiB.
@@ -44,14 +45,6 @@ _RANK_KIND = {
 
 
 @dataclass(frozen=True, slots=True)
-class Death:
-    """The server is dead: `observed` is what the supervisor saw (None: it exited by itself)."""
-
-    observed: FailureKind | None
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
 class TickResult:
     death: Death | None = None
     new_state: ServerState | None = None  # a startup state change the probe revealed
@@ -63,13 +56,14 @@ class LaunchMonitor:
 
     def __init__(
         self,
-        server: ServerProcess,
+        server: LaunchedServer,
         *,
         run: RunConfig,
         expected_ranks: int,
         probe: Callable[[], HealthStatus],
         clock: Clock,
         gpu_used_bytes: Callable[[], int] | None = None,
+        executor: concurrent.futures.Executor | None = None,
     ) -> None:
         self.server = server
         self.run = run
@@ -77,7 +71,9 @@ class LaunchMonitor:
         self.clock = clock
         self.gpu_used_bytes = gpu_used_bytes
         self._probe = probe
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="health-probe")
+        self._pool = executor or concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="health-probe"
+        )
         self._pending: concurrent.futures.Future[HealthStatus] | None = None
         self._last_probe_s = float("-inf")
         self.watch = StartupWatch.begin(clock.monotonic())
@@ -122,7 +118,7 @@ class LaunchMonitor:
 
     def _read_tree(self, now: float) -> tuple[ProcessInfo, ...]:
         if self.state is ServerState.READY and now - self._scanned_s < READY_RESCAN_S:
-            self._tree = self.server.proc.refresh(self._tree)
+            self._tree = self.server.refresh(self._tree)
         else:
             self._tree = self.server.tree()
             self._scanned_s = now

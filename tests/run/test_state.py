@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.errors import ConfigError
-from supervisor.state import ProcessRef, RunState, StateStore
+from supervisor.run.state import ProcessRef, RunState, StateStore
 
 
 def test_missing_file_is_a_fresh_state_and_a_saved_state_round_trips(tmp_path):

@@ -1,6 +1,6 @@
-"""Before a launch: the run's settings, the server's command and environment, leftovers of an
-earlier run, foreign GPU holders, the pre-flight gate (with --auto-size / --force) and the
-watchdog's --hicache-size override. The loop that uses them is supervisor/runner.py.
+"""Before and at a launch: the server's command and environment, the pre-flight gate (with
+--auto-size / --force), the watchdog's --hicache-size override, the start itself, and the state
+file's record of the run. The loop that uses them is supervisor/run/runner.py.
 """
 
 from __future__ import annotations
@@ -16,42 +16,25 @@ from typing import Any
 
 import structlog
 
-from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV, ProcReader
-from supervisor.adapters.server_process import ServerProcess
-from supervisor.config import RunConfig, SupervisorConfig
-from supervisor.core.checks import FitReport
+from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV
+from supervisor.config import RunSettings
+from supervisor.core.checks import FitReport, Status
+from supervisor.core.ports import GpuSensor, LaunchedServer, ServerLauncher
 from supervisor.core.redact import redact_env, redact_line
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
-from supervisor.ports import GpuSensor
-from supervisor.state import ProcessRef, RunState, StateStore
+from supervisor.preflight import run_preflight
+from supervisor.run.state import ProcessRef, RunState, StateStore
 
 log = structlog.get_logger("supervisor.run")
 
 # SGLang's crash path waits ~65 s (py-spy dump + CUDA core dump) with the GPUs held
-# (sglang.md §3.1); off unless [server] crash_dumps = true.
+# (docs/sglang.md §3.1); off unless [server] crash_dumps = true.
 CRASH_DUMP_ENV = {"SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0", "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0"}
 # systemd's variables are for the supervisor only (NotifyAccess=main): the server must not ping.
 _SYSTEMD_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class RunSettings:
-    """Everything `run` was given, command line merged over the config file."""
-
-    config: SupervisorConfig
-    server_command: tuple[str, ...]
-    server_args: tuple[str, ...]
-    state_dir: Path
-    config_dir: Path | None = None
-
-    @property
-    def run(self) -> RunConfig:
-        return self.config.run
-
-    @property
-    def instance(self) -> str:
-        return self.config.run.name
+# The server's output lines kept for classification and incident files, at least.
+MIN_TAIL_LINES = 200
 
 
 def default_server_command() -> tuple[str, ...]:
@@ -75,7 +58,11 @@ def check_server_command(command: Sequence[str]) -> None:
 
 
 def server_env(
-    settings: RunSettings, run_id: str, base: Mapping[str, str] | None = None
+    settings: RunSettings,
+    run_id: str,
+    *,
+    supervisor_mark: str,
+    base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The server's environment: ours + [server] env + crash-dump switches + run markers."""
     env = dict(os.environ if base is None else base)
@@ -87,7 +74,7 @@ def server_env(
     env.update(extra)
     env[INSTANCE_ENV] = settings.instance
     env[RUN_ENV] = run_id
-    env[SUPERVISOR_ENV] = ProcReader().supervisor_mark()
+    env[SUPERVISOR_ENV] = supervisor_mark
     return env
 
 
@@ -128,10 +115,12 @@ def apply_override(argv: Sequence[str], state: RunState) -> tuple[str, ...]:
     return new
 
 
+def _failed(report: FitReport) -> list[str]:
+    return [c.detail for c in report.checks if c.status is Status.FAIL]
+
+
 def preflight_gate(
-    settings: RunSettings,
-    argv: Sequence[str],
-    sensor: GpuSensor | None,
+    settings: RunSettings, argv: Sequence[str], sensor: GpuSensor | None
 ) -> tuple[tuple[str, ...], FitReport | None]:
     """Run the pre-flight; the argv to launch (maybe auto-sized) and the report it rests on.
 
@@ -140,13 +129,15 @@ def preflight_gate(
         ConfigError: the pre-flight could not run (bad argv, model config not found) without
             --force.
     """
-    from supervisor.preflight import run_preflight  # the pre-flight pulls in model geometry
-
     run = settings.run
-    try:
-        report = run_preflight(
-            settings.config, argv, gpu_sensor=sensor, config_dir=settings.config_dir
+
+    def preflight(args: Sequence[str]) -> FitReport:
+        return run_preflight(
+            settings.config, args, gpu_sensor=sensor, config_dir=settings.config_dir
         )
+
+    try:
+        report = preflight(argv)
     except ConfigError as exc:
         if not run.force:
             raise
@@ -155,24 +146,20 @@ def preflight_gate(
     if report.fits:
         log.info("preflight_passed", required_bytes=report.host_required_bytes)
         return tuple(argv), report
-    failed = [c.detail for c in report.checks if c.status.value == "fail"]
     if run.auto_size and report.max_hicache_size_gb > 0:
         sized = with_flag_value(argv, "--hicache-size", str(report.max_hicache_size_gb))
         log.warning(
             "auto_sized",
             hicache_size_gb=report.max_hicache_size_gb,
-            failed_checks=failed,
+            failed_checks=_failed(report),
             argv=list(redact_argv(sized)),
         )
-        again = run_preflight(
-            settings.config, sized, gpu_sensor=sensor, config_dir=settings.config_dir
-        )
+        again = preflight(sized)
         if again.fits or run.force:
             return sized, again
         report = again
-        failed = [c.detail for c in report.checks if c.status.value == "fail"]
     if run.force:
-        log.warning("preflight_failed_forced", failed_checks=failed)
+        log.warning("preflight_failed_forced", failed_checks=_failed(report))
         return tuple(argv), report
     raise PreflightFailed(
         "the pre-flight refuses this launch (--auto-size or --force to override):\n"
@@ -181,13 +168,14 @@ def preflight_gate(
 
 
 def start_server(
+    launcher: ServerLauncher,
     settings: RunSettings,
     run_id: str,
     argv: Sequence[str],
     *,
     redact: Callable[[str], str],
-    proc: ProcReader,
-) -> ServerProcess:
+    supervisor_mark: str,
+) -> LaunchedServer:
     """Start the server command with `argv`; its output goes to our log as server_output.
 
     Raises:
@@ -196,14 +184,14 @@ def start_server(
     command = (*settings.server_command, *argv)
     server_log = log.bind(run_id=run_id)
     try:
-        return ServerProcess.start(
+        return launcher.start(
             command,
-            server_env(settings, run_id),
+            server_env(settings, run_id, supervisor_mark=supervisor_mark),
             run_id=run_id,
             sink=lambda line: server_log.info("server_output", line=line),
             redact=redact,
             oom_score_adj=settings.run.oom_score_adj,
-            proc=proc,
+            tail_lines=max(MIN_TAIL_LINES, settings.config.watchdog.incident_log_lines),
         )
     except OSError as exc:
         raise ConfigError(
@@ -214,20 +202,21 @@ def start_server(
 def record_launch(
     store: StateStore,
     settings: RunSettings,
-    server: ServerProcess,
+    server: LaunchedServer,
     *,
+    supervisor_pid: int,
+    start_ticks: int,
     restart_count: int,
     gpu_indices: Sequence[int],
 ) -> None:
     """The new run in the state file: run id, restart count, the server's PID (start time)."""
-    start = server.proc.start_ticks(server.pid) or 0
-    ref = ProcessRef(pid=server.pid, start_ticks=start, title="server")
+    ref = ProcessRef(pid=server.pid, start_ticks=start_ticks, title="server")
     store.update(
         lambda state: dataclasses.replace(
             state,
             instance=settings.instance,
             run_id=server.run_id,
-            supervisor_pid=os.getpid(),
+            supervisor_pid=supervisor_pid,
             restart_count=restart_count,
             server_pids=(ref,),
             gpu_indices=tuple(gpu_indices),
@@ -235,11 +224,11 @@ def record_launch(
     )
 
 
-def record_tree(store: StateStore, server: ServerProcess) -> None:
+def record_tree(store: StateStore, server: LaunchedServer) -> None:
     """Every PID of the ready tree with its start time: a later run finds leftovers by them."""
     refs = tuple(
-        ProcessRef(pid=p.pid, start_ticks=ticks, title=redact_line(p.title)[:60])
+        ProcessRef(pid=p.pid, start_ticks=p.start_ticks, title=redact_line(p.title)[:60])
         for p in server.tree()
-        if (ticks := server.proc.start_ticks(p.pid)) is not None
+        if p.start_ticks
     )
     store.update(lambda state: dataclasses.replace(state, server_pids=refs))

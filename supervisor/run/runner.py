@@ -1,153 +1,130 @@
 """`sglang-supervisor run`: the supervision loop.
 
     leftovers of an earlier run -> [GPU release] -> pre-flight gate -> launch -> readiness ->
-    liveness -> (stop | death -> classify -> backoff -> [GPU release] -> relaunch)
+    liveness -> (stop | death -> classify -> restart decision -> backoff -> [GPU release] ->
+    relaunch)
 
-Short named steps over the adapters; decisions come from supervisor/core. Signals and component
-events (the memory watchdog) arrive on one queue.SimpleQueue; the loop is the only place that
-changes the server's state (one event per change, run_id bound).
+Short named steps over the ports (core/ports.py); decisions come from supervisor/core. Signals and
+the memory watchdog's events arrive on one queue; the loop is the only place that changes the
+server's state (one event per change, run_id bound).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import queue
-import signal
-import time
 import uuid
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
-from supervisor import cleanup, launch, leftovers
-from supervisor.adapters.procfs import ProcReader
-from supervisor.adapters.server_process import ServerProcess, become_subreaper
-from supervisor.adapters.systemd import SdNotifier
-from supervisor.core.backoff import BackoffPolicy, RestartBudget
-from supervisor.core.lifecycle import HealthStatus, ServerState, check_transition
-from supervisor.core.redact import Redactor, secret_values
-from supervisor.core.sglang_args import LaunchPlan, parse_launch_args, redact_argv
-from supervisor.death import (
-    DeathHook,
-    DeathReport,
-    component_death,
-    kill_and_classify,
-    terminal_error,
-    wait_tree_gone,
+from supervisor.config import RunSettings
+from supervisor.core.backoff import BackoffPolicy, RestartBudget, RunEnd, decide_after_failure
+from supervisor.core.checks import FitReport
+from supervisor.core.events import (
+    STOP_REQUESTED,
+    KillReason,
+    MemoryAction,
+    SignalEvent,
+    WatchdogEvent,
 )
+from supervisor.core.lifecycle import ServerState, check_transition
+from supervisor.core.ports import (
+    LaunchedServer,
+)
+from supervisor.core.redact import Redactor, secret_values
+from supervisor.core.sglang_args import parse_launch_args, redact_argv
 from supervisor.errors import (
     CrashLoop,
-    ExitCode,
+    GpuUnrecoverable,
+    ServerArgsRejected,
+    StartupFailed,
+    SupervisorError,
 )
-from supervisor.monitor import Death, LaunchMonitor, gpu_used_on
-from supervisor.ports import Clock, GpuResetter, GpuSensor
-from supervisor.run_events import (
-    Component,
-    ComponentFactory,
-    Event,
-    EventClock,
-    LaunchInfo,
-    SignalEvent,
-    StopRequested,
-    install_signal_handlers,
-)
-from supervisor.state import RunState, StateStore
+from supervisor.run import launch
+from supervisor.run.death import Death, DeathReport, kill_and_classify, wait_tree_gone
+from supervisor.run.events import EventClock, StopRequested
+from supervisor.run.gpu_wait import GpuRelease
+from supervisor.run.leftovers import clean_leftovers
+from supervisor.run.monitor import LaunchMonitor, gpu_used_on
+from supervisor.run.plugins import Component, LaunchInfo, Plugins, RunnerIO
+from supervisor.run.state import StateStore
 
 log = structlog.get_logger("supervisor.run")
 
-# The contract with the components and hooks (supervisor/protection.py plugs in through these).
-__all__ = [
-    "Component",
-    "ComponentFactory",
-    "DeathHook",
-    "DeathReport",
-    "LaunchInfo",
-    "ReleaseHook",
-    "Runner",
-]
-
-# Told the outcome of every GPU release wait (ok or not) before a failed one ends the run.
-ReleaseHook = Callable[[cleanup.ReleaseResult], None]
+_END_ERRORS: dict[RunEnd, type[SupervisorError]] = {
+    RunEnd.ARGS_REJECTED: ServerArgsRejected,
+    RunEnd.GPU_UNRECOVERABLE: GpuUnrecoverable,
+    RunEnd.STARTUP_FAILED: StartupFailed,
+    RunEnd.CRASH_LOOP: CrashLoop,
+}
+_STOP_POLL_S = 0.1
 
 
 class Runner:
     def __init__(
         self,
-        settings: launch.RunSettings,
-        *,
-        clock: Clock,
+        settings: RunSettings,
         store: StateStore,
-        sensor: GpuSensor | None = None,
-        notifier: SdNotifier | None = None,
-        proc: ProcReader | None = None,
-        probe_factory: Callable[[LaunchPlan], Callable[[], HealthStatus]],
-        components: Sequence[ComponentFactory] = (),
-        death_hooks: Sequence[DeathHook] = (),
-        resetter: GpuResetter | None = None,
-        release_hooks: Sequence[ReleaseHook] = (),
-        events: queue.SimpleQueue[Event] | None = None,
+        io: RunnerIO,
+        plugins: Plugins | None = None,
     ) -> None:
+        plugins = plugins or Plugins()
         self.settings = settings
         self.run_cfg = settings.run
-        self.events: queue.SimpleQueue[Event] = events or queue.SimpleQueue()
-        self.clock = clock
-        self.wait_clock = EventClock(clock, self.events, on_tick=self._feed_watchdog)
         self.store = store
-        self.sensor = sensor
-        self.notifier = notifier or SdNotifier()
-        self.proc = proc or ProcReader()
-        self.probe_factory = probe_factory
-        self.components = components
-        self.death_hooks = death_hooks
+        self.io = io
+        self.plugins = plugins
+        self.clock = io.clock
+        self.events = io.events
+        self.notifier = io.notifier
+        self.wait_clock = EventClock(io.clock, io.events, on_tick=self._feed_watchdog)
         self.plan = parse_launch_args(settings.server_args)
-        self.release = leftovers.GpuRelease(
-            settings,
+        self.release = GpuRelease(
+            settings.config.gpu,
             self.plan.local_gpu_ids(),
-            sensor=sensor,
+            instance=settings.instance,
+            sensor=io.sensor,
+            processes=io.processes,
             store=store,
-            resetter=resetter,
-            hooks=release_hooks,
-            notify_status=self._notify_status,
+            resetter=io.resetter,
+            hooks=plugins.release_hooks,
+            notify_status=self.notifier.status,
         )
         self.stop_reason = "signal"
-        self.expected_total_bytes: int | None = None
+        self.fit: FitReport | None = None
         self.run_id = ""
         self.state = ServerState.STOPPED
+        cfg = self.run_cfg
         self.budget = RestartBudget(
             BackoffPolicy(
-                initial_s=self.run_cfg.backoff_initial_s,
-                max_s=self.run_cfg.backoff_max_s,
-                stable_after_s=self.run_cfg.stable_after_s,
-                max_restarts=self.run_cfg.max_restarts,
-                restart_window_s=self.run_cfg.restart_window_s,
+                initial_s=cfg.backoff_initial_s,
+                max_s=cfg.backoff_max_s,
+                stable_after_s=cfg.stable_after_s,
+                max_restarts=cfg.max_restarts,
+                restart_window_s=cfg.restart_window_s,
             )
         )
-        env = dict(settings.config.server.env)
-        self.redact = Redactor(secret_values(self.plan, env))
+        self.redact = Redactor(secret_values(self.plan, dict(settings.config.server.env)))
         self._last_ping_s = float("-inf")
         self._launched_argv: tuple[str, ...] | None = None
 
     # -- the loop ------------------------------------------------------------------------
 
-    def run(self) -> ExitCode:
+    def run(self) -> int:
         """Supervise until stopped (0) or a failure that ends the run (raises SupervisorError)."""
-        install_signal_handlers(self.events)
-        become_subreaper()
-        state = self.store.load()
         try:
-            self.clean_leftovers(state)
+            self.clean_leftovers()
             while True:
                 death = self.supervise_once()
                 if death is None:
-                    return ExitCode.OK
+                    return 0
                 delay_s = self.decide_restart(death)
                 if not self.backoff(delay_s):
-                    return ExitCode.OK
-                self.wait_gpus_released(death.pids)
+                    return 0
+                self.release.wait(death.pids, self.wait_clock)
         except StopRequested as stop:
             self.stopped_while_waiting(stop.event.name)
-            return ExitCode.OK
+            return 0
 
     def supervise_once(self) -> DeathReport | None:
         """One launch, watched until it dies (the report) or a stop signal (None)."""
@@ -157,24 +134,14 @@ class Runner:
         monitor: LaunchMonitor | None = None
         try:
             info = LaunchInfo(
-                run_id=self.run_id,
-                argv=argv,
-                plan=parse_launch_args(argv),
-                expected_total_bytes=self.expected_total_bytes,
-                state_dir=str(self.settings.state_dir),
+                run_id=self.run_id, argv=argv, plan=parse_launch_args(argv), fit=self.fit
             )
-            monitor = LaunchMonitor(
-                server,
-                run=self.run_cfg,
-                expected_ranks=self.plan.local_ranks,
-                probe=self.probe_factory(self.plan),
-                clock=self.clock,
-                gpu_used_bytes=self._gpu_used if self.sensor is not None else None,
-            )
-            oom_kills_at_launch = self.proc.oom_kill_count()
-            started = [c for f in self.components if (c := f(server, self.events.put_nowait, info))]
-            for component in started:
-                component.start()
+            monitor = self._monitor(server)
+            oom_kills_at_launch = self.io.processes.oom_kill_count()
+            for factory in self.plugins.components:
+                if (component := factory(server, self.events.put, info)) is not None:
+                    started.append(component)
+                    component.start()
             death = self.watch(server, monitor)
             if death is None:
                 self.stop_server(server)
@@ -183,8 +150,9 @@ class Runner:
         except BaseException:
             # A bug or an interrupt must not leave the tree running (PDEATHSIG would take the
             # server only once this process is gone, and not its escapees).
-            server.kill_all("stop", "supervisor error")
-            wait_tree_gone(server, self.clock)
+            reason = KillReason(None, "supervisor error")
+            server.kill_all(reason)
+            wait_tree_gone(server, self.clock, reason)
             raise
         finally:
             if monitor is not None:
@@ -193,20 +161,20 @@ class Runner:
                 component.stop()
             server.close()
 
-    def watch(self, server: ServerProcess, monitor: LaunchMonitor) -> Death | None:
+    def watch(self, server: LaunchedServer, monitor: LaunchMonitor) -> Death | None:
         """Tick until the server dies (its Death) or a stop signal arrives (None)."""
         wait_s = 0.0  # the first tick at once: "loading" is logged as soon as it is true
         while True:
-            event = self.next_event(wait_s)
+            event = self.events.get(wait_s)
             wait_s = monitor.tick_s
             if isinstance(event, SignalEvent):
                 self.stop_reason = event.name
                 return None
-            if event is not None:
-                death = component_death(server, event)
-                if death is not None:
-                    return death
-                continue
+            if isinstance(event, WatchdogEvent):
+                log.warning("component_event", action=event.action.value, reason=event.reason)
+                if event.action is MemoryAction.KILLED:
+                    return Death(event.failure, event.reason)
+                continue  # TERMINATED: the watchdog escalates itself; the exit follows
             result = monitor.tick()
             self._feed_watchdog()
             if result.death is not None:
@@ -220,52 +188,60 @@ class Runner:
 
     # -- steps ---------------------------------------------------------------------------
 
-    def clean_leftovers(self, state: RunState) -> None:
+    def clean_leftovers(self) -> None:
         """Kill processes of an earlier run of this instance (and foreign GPU holders when
         allowed), waiting for their GPUs; then measure the GPUs' idle baseline."""
-        leftovers.clean_leftovers(
-            self.proc,
-            state,
+        clean_leftovers(
+            self.io.processes,
+            self.store.load(),
             self.settings,
             self.plan.local_gpu_ids(),
-            sensor=self.sensor,
+            sensor=self.io.sensor,
             clock=self.wait_clock,
-            wait_released=self.wait_gpus_released,
+            wait_released=lambda pids: self.release.wait(pids, self.wait_clock),
         )
         self.release.measure_baselines()
 
     def prepare_argv(self) -> tuple[str, ...]:
         """The argv of this launch: the watchdog's override, then the pre-flight gate (first
-        launch, and whenever the argv changed)."""
+        launch, and whenever the argv changed). Its report travels with the launch."""
         argv = launch.apply_override(self.settings.server_args, self.store.load())
         if self._launched_argv is None or argv != self._launched_argv:
-            argv, report = launch.preflight_gate(self.settings, argv, self.sensor)
-            if report is not None:
-                self.expected_total_bytes = report.host_required_bytes
+            argv, self.fit = launch.preflight_gate(self.settings, argv, self.io.sensor)
         return argv
 
-    def launch(self, argv: tuple[str, ...]) -> ServerProcess:
+    def launch(self, argv: tuple[str, ...]) -> LaunchedServer:
         self.run_id = uuid.uuid4().hex[:12]
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         self.set_state(ServerState.LAUNCHING, argv=list(redact_argv(argv)))
+        processes = self.io.processes
         server = launch.start_server(
-            self.settings, self.run_id, argv, redact=self.redact, proc=self.proc
+            self.io.launcher,
+            self.settings,
+            self.run_id,
+            argv,
+            redact=self.redact,
+            supervisor_mark=processes.self_mark(),
         )
         self._launched_argv = argv
         structlog.contextvars.bind_contextvars(server_pid=server.pid)
         log.info("server_launched", pid=server.pid, pgid=server.pgid)
         try:
+            marks = processes.marks(server.pid)
             launch.record_launch(
                 self.store,
                 self.settings,
                 server,
+                supervisor_pid=processes.self_pid,
+                start_ticks=marks.start_ticks if marks is not None else 0,
                 restart_count=self.budget.total_restarts,
                 gpu_indices=self.plan.local_gpu_ids(),
             )
         except BaseException:
             # A full disk must not leave a tree running that nobody watches.
-            server.kill_all("stop", "supervisor error")
-            wait_tree_gone(server, self.clock)
+            reason = KillReason(None, "supervisor error")
+            server.kill_all(reason)
+            wait_tree_gone(server, self.clock, reason)
             server.close()
             raise
         return server
@@ -273,8 +249,6 @@ class Runner:
     def advance_startup(self, monitor: LaunchMonitor, new: ServerState) -> None:
         if self.state is ServerState.LAUNCHING and new is not ServerState.LOADING:
             self.set_state(ServerState.LOADING)
-        if new is ServerState.WARMING and self.state is ServerState.WARMING:
-            return
         if new is ServerState.READY:
             # Recorded before `ready` is announced, so whoever reacts to it finds every PID.
             launch.record_tree(self.store, monitor.server)
@@ -285,7 +259,7 @@ class Runner:
 
     def handle_death(
         self,
-        server: ServerProcess,
+        server: LaunchedServer,
         monitor: LaunchMonitor,
         death: Death,
         argv: tuple[str, ...],
@@ -299,7 +273,7 @@ class Runner:
             death,
             was_ready=was_ready,
             oom_kills_at_launch=oom_kills_at_launch,
-            proc=self.proc,
+            processes=self.io.processes,
             clock=self.clock,
         )
         report = DeathReport(
@@ -308,33 +282,27 @@ class Runner:
             exit_status=exit_status,
             was_ready=was_ready,
             pids=pids,
-            plan=self.plan,
             argv=argv,
-            store=self.store,
+            fit=self.fit,
         )
-        for hook in self.death_hooks:
+        for hook in self.plugins.death_hooks:
             hook(report)
         return report
 
     def decide_restart(self, death: DeathReport) -> float:
         """The delay before the next launch; raises when the run must end instead."""
         kind, hint = death.classification
-        fatal = terminal_error(kind, hint)
-        if fatal is None:
-            self.budget, decision = self.budget.on_failure(self.clock.monotonic())
+        self.budget, decision = decide_after_failure(self.budget, kind, self.clock.monotonic())
         self.store.update(
             lambda s: dataclasses.replace(
                 s,
                 restart_count=self.budget.total_restarts,
                 last_failure=kind.value,
                 last_failure_hint=hint,
-                last_failure_at=time.time(),
+                last_failure_at=self.clock.wall(),
             )
         )
-        if fatal is not None:
-            self.set_state(ServerState.FATAL, failure=kind.value)
-            raise fatal
-        if decision.give_up:
+        if decision.end is RunEnd.CRASH_LOOP:
             self.set_state(
                 ServerState.FATAL,
                 failure=kind.value,
@@ -343,9 +311,11 @@ class Runner:
             )
             raise CrashLoop(
                 f"crash loop: {decision.restarts_in_window} restarts within "
-                f"{self.run_cfg.restart_window_s:g} s, last failure {kind.value}: "
-                f"{death.classification.hint}"
+                f"{self.run_cfg.restart_window_s:g} s, last failure {kind.value}: {hint}"
             )
+        if decision.end is not None:
+            self.set_state(ServerState.FATAL, failure=kind.value)
+            raise _END_ERRORS[decision.end](hint)
         self.set_state(
             ServerState.BACKOFF,
             failure=kind.value,
@@ -364,11 +334,8 @@ class Runner:
             self.stopped_while_waiting(stop.event.name)
             return False
         finally:
-            self.wait_clock.held.clear()  # component events of a dead server are stale
+            self.wait_clock.held.clear()  # watchdog events of a dead server are stale
         return True
-
-    def wait_gpus_released(self, old_pids: Sequence[int]) -> None:
-        self.release.wait(old_pids, self.wait_clock)
 
     def stopped_while_waiting(self, signal_name: str) -> None:
         """A stop signal during a wait with no server running: nothing to drain."""
@@ -378,21 +345,20 @@ class Runner:
         self.set_state(ServerState.STOPPING, reason=signal_name)
         self.set_state(ServerState.STOPPED)
 
-    def stop_server(self, server: ServerProcess) -> None:
-        """SIGTERM the group, wait stop_grace (SGLang drains), SIGKILL everything, reap."""
+    def stop_server(self, server: LaunchedServer) -> None:
+        """SIGTERM the server, wait stop_grace (SGLang drains), SIGKILL everything, reap."""
         self.set_state(ServerState.STOPPING, reason=self.stop_reason)
         self.notifier.stopping(f"stopping (run {self.run_id})")
-        server.record_kill_reason("stop")
-        server.signal_group(signal.SIGTERM)
+        server.terminate(STOP_REQUESTED)
         deadline = self.clock.monotonic() + self.run_cfg.stop_grace_s
         while server.poll() is None and (left := deadline - self.clock.monotonic()) > 0:
-            event = self.next_event(min(0.1, left))
+            event = self.events.get(min(_STOP_POLL_S, left))
             if isinstance(event, SignalEvent):
                 log.warning("stop_escalated", signal=event.name)
                 break
             self._feed_watchdog()
-        pids = server.kill_all("stop")
-        wait_tree_gone(server, self.clock)
+        pids = server.kill_all(STOP_REQUESTED)
+        wait_tree_gone(server, self.clock, STOP_REQUESTED)
         self.set_state(ServerState.STOPPED, pids=list(pids))
 
     # -- helpers -------------------------------------------------------------------------
@@ -405,11 +371,22 @@ class Runner:
         getattr(log, level)(event_name or new.value, **kv)
         self.notifier.status(self._status_line())
 
-    def next_event(self, timeout_s: float) -> Event | None:
-        try:
-            return self.events.get(timeout=max(0.0, timeout_s))
-        except queue.Empty:
-            return None
+    def _monitor(self, server: LaunchedServer) -> LaunchMonitor:
+        sensor = self.io.sensor
+        make_executor = self.io.probe_executor
+        return LaunchMonitor(
+            server,
+            run=self.run_cfg,
+            expected_ranks=self.plan.local_ranks,
+            probe=self.io.probe_factory(self.plan),
+            clock=self.clock,
+            gpu_used_bytes=(
+                (lambda: gpu_used_on(sensor.read_gpus(), self.plan.local_gpu_ids()))
+                if sensor is not None
+                else None
+            ),
+            executor=make_executor() if make_executor is not None else None,
+        )
 
     def _feed_watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s
@@ -418,12 +395,5 @@ class Runner:
             self.notifier.watchdog()
             self._last_ping_s = now
 
-    def _notify_status(self, text: str) -> None:
-        self.notifier.status(text)
-
     def _status_line(self) -> str:
         return f"{self.state.value}; restarts {self.budget.total_restarts}; run {self.run_id}"
-
-    def _gpu_used(self) -> int:
-        assert self.sensor is not None
-        return gpu_used_on(self.sensor.read_gpus(), self.plan.local_gpu_ids())

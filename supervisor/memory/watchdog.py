@@ -4,36 +4,36 @@ Runs beside the runner's main loop (which may sit in a 25 s health check) and ac
 in a memory emergency it SIGKILLs the whole server tree at once (group + subreaper escapees via
 the server handle's kill_all), hands the memory back with process_mrelease, writes the incident
 and posts a WatchdogEvent; the runner classifies the death as memory_kill, waits for the GPUs
-(cleanup.py) and relaunches smaller. It never queries NVML: the GPU snapshot in an incident is
-the guard's last one.
+(run/gpu_wait.py) and relaunches smaller (memory/restart_smaller.py). It never queries NVML:
+the GPU snapshot in an incident is the guard's last one.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
 
 from supervisor.adapters import reclaim
+from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.host import HostProbe, HostReadError
-from supervisor.adapters.procfs import ProcReader
 from supervisor.adapters.psi import MemoryPressure, read_memory_pressure
+from supervisor.core.classify import FailureKind
+from supervisor.core.events import KillReason, MemoryAction, WatchdogEvent
 from supervisor.core.policy import Decision, Limits, Reading, Verdict, decide
+from supervisor.core.ports import Clock, ServerHandle
 from supervisor.core.readings import GpuState, HostMemory, ProcessInfo
-from supervisor.incident import Incident, memory_report
-from supervisor.ports import Clock, ServerHandle
+from supervisor.memory.incident import Incident, memory_report
 
 log = structlog.get_logger("supervisor.watchdog")
 
 HISTORY_TICKS = 64
 # A full /proc scan finds new processes of the tree; between scans only known PIDs are read
-# (~30 µs each instead of ~3 ms for the scan, prior-art.md §5: "tree scans at 1 Hz").
+# (~30 µs each instead of ~3 ms for a scan of ~150 processes).
 RESCAN_S = 1.0
 IDLE_RESCAN_FACTOR = 5
 REPORT_INTERVAL_S = 60.0
@@ -41,22 +41,7 @@ REPORT_INTERVAL_S = 60.0
 GONE_WAIT_S = 10.0
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class WatchdogEvent:
-    """Posted to the runner: the watchdog killed or terminated the server."""
-
-    kind: str  # "memory_kill" | "memory_terminate"
-    reason: str
-    at_s: float  # monotonic time of the signal
-    pids: tuple[int, ...] = ()
-    incident_path: str | None = None
-    predicted: bool = False
-
-
 HostSource = Callable[[Sequence[ProcessInfo]], HostMemory]
-# Re-reads the processes found by the last scan (vanished ones left out).
-_PROC = ProcReader()
-Refresher = Callable[[tuple[ProcessInfo, ...]], tuple[ProcessInfo, ...]]
 
 
 def system_host_source(server_pid: int, probe: HostProbe | None = None) -> HostSource:
@@ -75,14 +60,6 @@ def system_host_source(server_pid: int, probe: HostProbe | None = None) -> HostS
     return read
 
 
-class _MonotonicClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(max(0.0, seconds))
-
-
 class MemoryWatchdog:
     """One watchdog per launched server; `start()` after launch, `stop()` before the next."""
 
@@ -93,7 +70,6 @@ class MemoryWatchdog:
         *,
         post: Callable[[WatchdogEvent], None],
         read_host: HostSource | None = None,
-        refresh: Refresher | None = _PROC.refresh,
         read_psi: Callable[[], MemoryPressure | None] = read_memory_pressure,
         tree_view: Callable[[tuple[ProcessInfo, ...]], tuple[ProcessInfo, ...]] | None = None,
         gpu_snapshot: Callable[[], tuple[float, tuple[GpuState, ...] | None] | None] | None = None,
@@ -101,19 +77,20 @@ class MemoryWatchdog:
         run_id: str = "",
         clock: Clock | None = None,
         rescan_s: float = RESCAN_S,
+        incident_log_lines: int = 200,
     ) -> None:
         self.server = server
         self.limits = limits
         self.post = post
         self.read_host = read_host or system_host_source(server.pid)
-        self.refresh = refresh
         self.read_psi = read_psi
         self.tree_view = tree_view or (lambda tree: tree)
         self.gpu_snapshot = gpu_snapshot
         self.state_dir = state_dir
         self.run_id = run_id
-        self.clock: Clock = clock or _MonotonicClock()
+        self.clock: Clock = clock or SystemClock()
         self.rescan_s = rescan_s
+        self.incident_log_lines = incident_log_lines
         self._scanned_pids: frozenset[int] = frozenset()
         self._members_settled = False
         self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
@@ -178,14 +155,14 @@ class MemoryWatchdog:
             and self.last.next_interval_s >= self.limits.max_interval_s
         )
         rescan_s = self.rescan_s * (IDLE_RESCAN_FACTOR if idle else 1)
-        if self.refresh is None or now - self._last_scan_s >= rescan_s or not self._raw:
+        if now - self._last_scan_s >= rescan_s or not self._raw:
             raw = self.server.tree()
             self._last_scan_s = now
             pids = frozenset(p.pid for p in raw)
             self._members_settled = pids == self._scanned_pids
             self._scanned_pids = pids
         else:
-            raw = self.refresh(self._raw)
+            raw = self.server.refresh(self._raw)
         self._raw = raw
         self.tree = self.tree_view(raw)
         charged = sum(p.charged_bytes for p in self.tree)
@@ -261,7 +238,7 @@ class MemoryWatchdog:
             for fd in (reclaim.open_pidfd(p.pid) for p in self.tree if not p.is_zombie)
             if fd is not None
         ]
-        pids = self.server.kill_all("memory_kill", decision.reason)
+        pids = self.server.kill_all(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.killed_at_s = self.clock.monotonic()
         reclaimed = reclaim.release_memory(pidfds)
         log.error(
@@ -278,7 +255,8 @@ class MemoryWatchdog:
             self.incident.record_next("escalated_from_terminate")
         self.post(
             WatchdogEvent(
-                kind="memory_kill",
+                action=MemoryAction.KILLED,
+                failure=FailureKind.MEMORY_KILL,
                 reason=decision.reason,
                 at_s=self.killed_at_s,
                 pids=tuple(pids),
@@ -288,7 +266,7 @@ class MemoryWatchdog:
         )
 
     def _terminate(self, decision: Decision) -> None:
-        self.server.signal_group(signal.SIGTERM)
+        self.server.terminate(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.terminated_at_s = self.clock.monotonic()
         log.error(
             "server_terminated",
@@ -300,7 +278,8 @@ class MemoryWatchdog:
         self.incident = self._write_incident("memory_terminate", decision)
         self.post(
             WatchdogEvent(
-                kind="memory_terminate",
+                action=MemoryAction.TERMINATED,
+                failure=FailureKind.MEMORY_KILL,
                 reason=decision.reason,
                 at_s=self.terminated_at_s,
                 pids=tuple(p.pid for p in self.tree),
@@ -317,7 +296,9 @@ class MemoryWatchdog:
             history=list(self.history)[-20:],
             tree=self.tree,
             gpus=self.gpu_snapshot() if self.gpu_snapshot is not None else None,
-            log_tail=self.server.tail(),
+            log_tail=self.server.tail()[-self.incident_log_lines :]
+            if self.incident_log_lines
+            else (),
             now_s=self.clock.monotonic(),
         )
         details["run_id"] = self.run_id

@@ -6,22 +6,15 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from supervisor.core.classify import FailureKind
+from supervisor.core.events import KillReason, MemoryAction, WatchdogEvent
 from supervisor.core.policy import Level, Limits
 from supervisor.core.readings import HostMemory, ProcessInfo
-from supervisor.watchdog import MemoryWatchdog, WatchdogEvent
+from supervisor.memory.watchdog import MemoryWatchdog
+from tests.fakes import FakeClock
 
 GB = 10**9
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
+KILLED, TERMINATED = MemoryAction.KILLED, MemoryAction.TERMINATED
 
 
 class FakeTree:
@@ -32,8 +25,8 @@ class FakeTree:
         self.ranks = {
             1001 + i: {"anon": 2 * GB, "shmem": shmem, "file": file_bytes} for i in range(ranks)
         }
-        self.killed: list[tuple[str, str]] = []
-        self.signals: list[int] = []
+        self.killed: list[KillReason] = []
+        self.terminations: list[KillReason] = []
         self.scans = 0
 
     def info(self, pid: int) -> ProcessInfo:
@@ -55,15 +48,16 @@ class FakeTree:
             return ()
         return tuple(self.info(pid) for pid in self.ranks)
 
-    def read_pids(self, pids: Iterable[int]) -> tuple[ProcessInfo, ...]:
+    def refresh(self, known: Iterable[ProcessInfo]) -> tuple[ProcessInfo, ...]:
+        pids = [p.pid for p in known]
         return () if self.killed else tuple(self.info(p) for p in pids if p in self.ranks)
 
-    def kill_all(self, kind: str = "stop", detail: str = "") -> tuple[int, ...]:
-        self.killed.append((kind, detail))
+    def kill_all(self, reason: KillReason) -> tuple[int, ...]:
+        self.killed.append(reason)
         return tuple(self.ranks)
 
-    def signal_group(self, sig: int) -> None:
-        self.signals.append(sig)
+    def terminate(self, reason: KillReason) -> None:
+        self.terminations.append(reason)
 
     def tail(self) -> tuple[str, ...]:
         return ("loading", "server args: --api-key hunter2 --tp 4", "HF_TOKEN=abc123 set")
@@ -102,7 +96,6 @@ def make(tree: FakeTree, tmp_path: Path | None, limits: Limits = LIMITS, host=No
         limits,
         post=events.append,
         read_host=host or SimHost(),
-        refresh=lambda known: tree.read_pids(p.pid for p in known),
         read_psi=lambda: None,
         state_dir=tmp_path,
         run_id="run-1",
@@ -129,9 +122,9 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(tmp_
     dog, events, clock = make(tree, tmp_path)
     peak = run_ticks(dog, clock, tree, leak_bytes_per_s=2 * GB)
     assert tree.killed
-    assert tree.killed[0][0] == "memory_kill"
+    assert tree.killed[0].failure is FailureKind.MEMORY_KILL
     assert peak < LIMITS.tree_kill_bytes
-    assert [e.kind for e in events] == ["memory_kill"]
+    assert [(e.action, e.failure) for e in events] == [(KILLED, FailureKind.MEMORY_KILL)]
     assert events[0].pids == (1001, 1002, 1003, 1004)
 
 
@@ -166,7 +159,7 @@ def test_mmapped_file_pages_never_trigger_anything(tmp_path: Path):
         decision = dog.tick()
         clock.now += decision.next_interval_s
     assert not tree.killed
-    assert not tree.signals
+    assert not tree.terminations
     assert events == []
 
 
@@ -177,13 +170,13 @@ def test_host_memory_below_terminate_sends_sigterm_once_then_kills_after_the_gra
     dog.tick()
     clock.now += 1.0
     dog.tick()
-    assert tree.signals == [15]
-    assert [e.kind for e in events] == ["memory_terminate"]
+    assert [r.failure for r in tree.terminations] == [FailureKind.MEMORY_KILL]
+    assert [e.action for e in events] == [TERMINATED]
     clock.now += LIMITS.terminate_grace_s
     dog.tick()
     assert tree.killed
-    assert "grace" in tree.killed[0][1]
-    assert [e.kind for e in events] == ["memory_terminate", "memory_kill"]
+    assert "grace" in tree.killed[0].detail
+    assert [e.action for e in events] == [TERMINATED, KILLED]
 
 
 def test_the_kill_is_skipped_when_memory_recovers_before_the_signal(tmp_path: Path):

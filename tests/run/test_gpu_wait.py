@@ -1,4 +1,5 @@
-"""cleanup.wait_for_gpu_release driven by scripted GPU snapshots and a fake clock (no processes)."""
+"""run.gpu_wait: the release wait driven by scripted GPU snapshots and a fake clock (no
+processes), and GpuRelease judging holders through a fake process table."""
 
 from __future__ import annotations
 
@@ -6,69 +7,27 @@ from collections.abc import Callable
 
 import pytest
 
-from supervisor.cleanup import (
+from supervisor.config import SupervisorConfig
+from supervisor.errors import ExitCode, GpuUnrecoverable
+from supervisor.run.gpu_wait import (
+    GpuRelease,
+    Holders,
     ReleaseResult,
     measure_baselines,
     raise_if_unrecoverable,
     wait_for_gpu_release,
 )
-from supervisor.core.gpu_release import ResetOutcome
-from supervisor.core.readings import GpuProcess, GpuState
-from supervisor.errors import ExitCode, GpuUnrecoverable
+from supervisor.run.state import StateStore
+from tests.fakes import (
+    FakeClock,
+    FakeProc,
+    FakeProcesses,
+    RecordingResetter,
+    ScriptedGpus,
+    gpu,
+)
 
 GB = 10**9
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-
-class ScriptedGpus:
-    """GPU snapshots computed from the fake clock and the world state the test mutates."""
-
-    def __init__(self, clock: FakeClock, snapshot: Callable[[float], tuple[GpuState, ...] | None]):
-        self.clock = clock
-        self.snapshot = snapshot
-        self.closed = 0
-
-    def read_gpus(self) -> tuple[GpuState, ...] | None:
-        return self.snapshot(self.clock.now - 1000.0)
-
-    def close(self) -> None:
-        self.closed += 1
-
-
-class RecordingResetter:
-    def __init__(self, ok: bool = True, on_reset: Callable[[int], None] | None = None) -> None:
-        self.ok = ok
-        self.calls: list[tuple[int, str]] = []
-        self.on_reset = on_reset
-
-    def reset(self, index: int, uuid: str) -> ResetOutcome:
-        self.calls.append((index, uuid))
-        if self.on_reset is not None:
-            self.on_reset(index)
-        return ResetOutcome(ok=self.ok, detail="" if self.ok else "in use")
-
-
-def gpu(index: int, used: int, *pids: int) -> GpuState:
-    return GpuState(
-        index=index,
-        uuid=f"GPU-{index}",
-        name="sim",
-        total_bytes=80 * GB,
-        used_bytes=used,
-        processes=tuple(GpuProcess(pid=p, used_bytes=used) for p in pids),
-    )
 
 
 def run(
@@ -91,14 +50,16 @@ def run(
         tolerance_bytes=GB // 2,
         resetter=resetter,
         d_state_grace_s=60.0,
-        is_ours=lambda pid: False,
-        process_state=lambda pid: known.get(pid),
-        kill=kill or (lambda pid: True),
+        holders=Holders(
+            is_ours=lambda pid: False,
+            state=lambda pid: known.get(pid),
+            kill=kill or (lambda pid: True),
+        ),
     )
 
 
 def test_delayed_release_is_waited_for_then_done():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     sensor = ScriptedGpus(
         clock, lambda t: (gpu(0, 5 * GB, 100), gpu(1, 0)) if t < 30 else (gpu(0, 0), gpu(1, 0))
     )
@@ -110,7 +71,7 @@ def test_delayed_release_is_waited_for_then_done():
 
 
 def test_a_live_orphan_of_ours_is_killed_once_and_the_gpu_then_frees():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     alive = {100: "S"}
     killed: list[int] = []
 
@@ -127,7 +88,7 @@ def test_a_live_orphan_of_ours_is_killed_once_and_the_gpu_then_frees():
 
 
 def test_a_holder_we_may_not_kill_ends_in_a_failed_release_not_a_crash():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     tried: list[int] = []
 
     def kill(pid: int) -> bool:
@@ -142,7 +103,7 @@ def test_a_holder_we_may_not_kill_ends_in_a_failed_release_not_a_crash():
 
 
 def test_stuck_memory_is_reset_after_the_timeout_and_then_relaunch_is_allowed():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     stuck = {1}
     sensor = ScriptedGpus(
         clock, lambda t: tuple(gpu(i, 5 * GB if i in stuck else 0) for i in (0, 1))
@@ -157,7 +118,7 @@ def test_stuck_memory_is_reset_after_the_timeout_and_then_relaunch_is_allowed():
 
 
 def test_a_failed_reset_gives_up_with_exit_code_6():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     sensor = ScriptedGpus(clock, lambda t: (gpu(0, 5 * GB), gpu(1, 0)))
     result = run(sensor, clock, resetter=RecordingResetter(ok=False))
     assert not result.ok
@@ -171,7 +132,7 @@ def test_a_failed_reset_gives_up_with_exit_code_6():
 
 
 def test_no_reset_command_gives_up_at_the_timeout():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     sensor = ScriptedGpus(clock, lambda t: (gpu(0, 5 * GB), gpu(1, 0)))
     result = run(sensor, clock)
     assert not result.ok
@@ -179,7 +140,7 @@ def test_no_reset_command_gives_up_at_the_timeout():
 
 
 def test_a_d_state_holder_is_waited_for_and_never_re_killed():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     kills: list[int] = []
 
     def kill(pid: int) -> bool:
@@ -197,75 +158,72 @@ def test_a_d_state_holder_is_waited_for_and_never_re_killed():
 
 
 def test_nvml_without_answer_gives_up_after_the_timeout():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     result = run(ScriptedGpus(clock, lambda t: None), clock)
     assert not result.ok
     assert "unknown" in result.reason
 
 
 def test_no_visible_gpus_or_no_targets_means_nothing_to_wait_for():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     assert run(ScriptedGpus(clock, lambda t: ()), clock).ok
+    nobody = Holders(is_ours=lambda pid: False, state=lambda pid: None, kill=lambda pid: False)
     assert wait_for_gpu_release(
-        ScriptedGpus(clock, lambda t: None), [], [1], clock=clock, timeout_s=1.0
+        ScriptedGpus(clock, lambda t: None), [], [1], clock=clock, holders=nobody, timeout_s=1.0
     ).ok
+
+
+def _release(tmp_path, sensor, processes, resetter=None) -> GpuRelease:
+    return GpuRelease(
+        SupervisorConfig().gpu,
+        [0],
+        instance="mine",
+        sensor=sensor,
+        processes=processes,
+        store=StateStore(tmp_path),
+        resetter=resetter,
+    )
 
 
 def test_a_tree_that_died_unseen_still_gets_its_gpus_checked_before_a_relaunch(tmp_path):
     """A tree killed whole from outside (the OOM killer, an operator's kill -9 of the group) is
     reaped before the supervisor reads it: no PIDs are known, yet the memory it left is there."""
-    from supervisor.config import SupervisorConfig
-    from supervisor.launch import RunSettings
-    from supervisor.leftovers import GpuRelease
-    from supervisor.state import StateStore
-
-    clock = FakeClock()
-    settings = RunSettings(
-        config=SupervisorConfig(),
-        server_command=("server",),
-        server_args=(),
-        state_dir=tmp_path,
-    )
+    clock = FakeClock(start_s=0.0)
     resetter = RecordingResetter(ok=False)
-    release = GpuRelease(
-        settings,
-        [0],
-        sensor=ScriptedGpus(clock, lambda t: (gpu(0, 5 * GB),)),
-        store=StateStore(tmp_path),
-        resetter=resetter,
-    )
+    sensor = ScriptedGpus(clock, lambda t: (gpu(0, 5 * GB),))
+    release = _release(tmp_path, sensor, FakeProcesses(), resetter)
     with pytest.raises(GpuUnrecoverable):
         release.wait((), clock)
     assert resetter.calls == [(0, "GPU-0")]
+    assert StateStore(tmp_path).load().last_failure == "gpu_dirty"
+
+
+def test_unrecorded_holders_are_killed_when_ours_and_left_alone_otherwise(tmp_path):
+    """An escaped SGLang process, or one carrying our instance's marker, is killed; a stranger
+    and another live supervisor's rank are waited for and named."""
+    clock = FakeClock(start_s=0.0)
+    processes = FakeProcesses(
+        [
+            FakeProc(pid=10, title="sglang::scheduler_TP0"),
+            FakeProc(pid=11, title="python worker.py", instance="mine"),
+            FakeProc(pid=12, title="python train.py"),
+            FakeProc(
+                pid=13, title="sglang::scheduler_TP0", launched_by="77:1", launcher_alive=True
+            ),
+        ]
+    )
+    sensor = ScriptedGpus(
+        clock, lambda t: (gpu(0, 5 * GB, *(p for p in processes.procs if p != 1)),)
+    )
+    release = _release(tmp_path, sensor, processes)
+    with pytest.raises(GpuUnrecoverable) as err:
+        release.wait((), clock)
+    assert sorted(processes.killed) == [10, 11]
+    assert "foreign pids 12, 13" in str(err.value)
 
 
 def test_baselines_are_measured_per_target_uuid():
-    clock = FakeClock()
+    clock = FakeClock(start_s=0.0)
     sensor = ScriptedGpus(clock, lambda t: (gpu(0, 3), gpu(1, 4), gpu(2, 5)))
     assert measure_baselines(sensor, [0, 2]) == {"GPU-0": 3, "GPU-2": 5}
     assert measure_baselines(ScriptedGpus(clock, lambda t: None), [0]) == {}
-
-
-def test_unrecorded_processes_are_ours_by_title_or_by_the_supervisor_marker():
-    import os
-    import subprocess
-    import sys
-    import uuid
-
-    from supervisor.adapters.procfs import INSTANCE_ENV
-    from supervisor.cleanup import is_ours_by_sight
-
-    code = "import time; time.sleep(30)"
-    marked = subprocess.Popen(
-        # A name no supervisor runs under: a starting one kills its instance's marked processes.
-        [sys.executable, "-c", code],
-        env={**os.environ, INSTANCE_ENV: f"test-{uuid.uuid4().hex}"},
-    )
-    plain = subprocess.Popen([sys.executable, "-c", code])
-    try:
-        assert is_ours_by_sight(marked.pid)
-        assert not is_ours_by_sight(plain.pid)
-    finally:
-        for proc in (marked, plain):
-            proc.kill()
-            proc.wait()

@@ -113,7 +113,7 @@ def memory_report(
         "pressure_memory": psi.splitlines() if psi is not None else None,
         "top_processes": [process_dict(p) for p in top],
         "gpu_snapshot": gpu_part,
-        "server_log_tail": [redact_line(redact(line)) for line in log_tail][-200:],
+        "server_log_tail": [redact_line(redact(line)) for line in log_tail],
     }
 
 

@@ -1,0 +1,27 @@
+"""RunSettings: everything `run` was given, the command line merged over the config file."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from supervisor.config.sections import RunConfig, SupervisorConfig
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """The effective settings of one `run`: config sections, the server's command and argv."""
+
+    config: SupervisorConfig
+    server_command: tuple[str, ...]
+    server_args: tuple[str, ...]
+    state_dir: Path
+    config_dir: Path | None = None  # relative paths in the config file are looked up here
+
+    @property
+    def run(self) -> RunConfig:
+        return self.config.run
+
+    @property
+    def instance(self) -> str:
+        return self.config.run.name

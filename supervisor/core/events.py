@@ -1,0 +1,55 @@
+"""What travels on the runner's event queue, and why a server tree was killed: typed values.
+
+A stop signal and a memory watchdog's action are the only events; a kill carries a FailureKind,
+never a string, so the path from the kill to the restart decision is checked by mypy end to end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from supervisor.core.classify import FailureKind
+
+
+@dataclass(frozen=True, slots=True)
+class SignalEvent:
+    """A signal the supervisor received; `name` is the signal's name (SIGTERM)."""
+
+    signum: int
+    name: str
+
+
+class MemoryAction(str, Enum):
+    TERMINATED = "terminated"  # SIGTERM sent; the watchdog escalates to SIGKILL itself
+    KILLED = "killed"  # the whole tree SIGKILLed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchdogEvent:
+    """Posted by the memory watchdog after it acted on the server tree."""
+
+    action: MemoryAction
+    failure: FailureKind
+    reason: str
+    at_s: float  # monotonic time of the signal
+    pids: tuple[int, ...] = ()
+    incident_path: str | None = None
+    predicted: bool = False
+
+
+Event = SignalEvent | WatchdogEvent
+
+
+@dataclass(frozen=True, slots=True)
+class KillReason:
+    """Why the tree is being stopped or killed; recorded once on the server, the first wins.
+
+    `failure` None: a stop the operator asked for (SIGTERM to the supervisor).
+    """
+
+    failure: FailureKind | None
+    detail: str = ""
+
+
+STOP_REQUESTED = KillReason(None, "stop requested")

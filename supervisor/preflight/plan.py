@@ -1,0 +1,260 @@
+"""The pre-flight: does this launch fit the host (or the one described)? Reads the plan, model,
+GPU and host facts, runs core's arithmetic, returns the FitReport.
+
+`run_preflight(config, argv, gpu_sensor=...)` is what `sglang-supervisor preflight` prints and
+what `run` calls as its gate before every launch with a new argv; the report then travels with
+the launch (the watchdog's budget, restart-smaller) so nothing is computed twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from supervisor.adapters.host import HostProbe, HostReadError
+from supervisor.adapters.model_config import ModelInfo, load_model_config
+from supervisor.config import SupervisorConfig
+from supervisor.core import fit, model_geometry
+from supervisor.core.assess import HostAssessment, assess_host
+from supervisor.core.checks import Check, FitReport, Status
+from supervisor.core.ports import GpuSensor
+from supervisor.core.sglang_args import ArgvError, LaunchPlan, parse_launch_args, redact_argv
+from supervisor.core.sglang_args import with_flag_value as _with_flag_value
+from supervisor.core.units import GB
+from supervisor.errors import ConfigError
+from supervisor.preflight.inputs import (
+    GpuFacts,
+    local_checks,
+    model_check,
+    numa_loads,
+    read_gpus,
+    resolve_relative,
+    sglang_rules,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Model:
+    """The model's KV geometry on one rank."""
+
+    info: ModelInfo
+    bytes_per_token: int
+    indexer_bytes_per_token: int
+    layers: int
+    kv_dtype: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Device:
+    """The device KV pool per rank and what it rests on."""
+
+    mem_fraction: float | None
+    weights_per_rank_bytes: int | None
+    tokens: int | None
+    checks: tuple[Check, ...]
+
+
+def parse_plan(argv: Sequence[str]) -> LaunchPlan:
+    """The launch plan, with argv mistakes as ConfigError (exit 2)."""
+    try:
+        plan = parse_launch_args(argv)
+    except ArgvError as exc:
+        raise ConfigError(f"launch_server arguments: {exc}") from None
+    if not plan.model_path:
+        raise ConfigError("launch_server arguments: --model-path is missing")
+    return plan
+
+
+def _model(config: SupervisorConfig, plan: LaunchPlan, config_dir: Path | None) -> _Model:
+    override = resolve_relative(config.server.model_config, config_dir)
+    info = load_model_config(plan.model_path or "", override)
+    try:
+        return _Model(
+            info=info,
+            bytes_per_token=model_geometry.bytes_per_token_per_rank(info.config, plan),
+            indexer_bytes_per_token=model_geometry.indexer_bytes_per_token_per_rank(
+                info.config, plan
+            ),
+            layers=model_geometry.layers_per_rank(info.config, plan),
+            kv_dtype=model_geometry.kv_cache_dtype(info.config, plan),
+        )
+    except model_geometry.GeometryError as exc:
+        raise ConfigError(f"model config {info.config_file}: {exc}") from None
+
+
+def _device(config: SupervisorConfig, plan: LaunchPlan, model: _Model, gpus: GpuFacts) -> _Device:
+    """Device pool per rank: (F·m − W) / cell (docs/sglang.md §1.4)."""
+    mem_fraction = plan.mem_fraction_static
+    if mem_fraction is None and gpus.total_bytes is not None:
+        mla = model_geometry.is_mla(model.info.config)
+        mem_fraction = fit.auto_mem_fraction_static(gpus.total_bytes, plan, mla=mla)
+    given = config.preflight.weights_bytes
+    weights = given if given is not None else model.info.weights_bytes
+    per_rank = None
+    if weights is not None:
+        per_rank = max(0, weights // (plan.tp_size * plan.pp_size) - plan.cpu_offload_gb * GB)
+    if gpus.free_bytes is None or mem_fraction is None or per_rank is None:
+        checks: tuple[Check, ...] = ()
+        if gpus.free_bytes is not None and per_rank is None:
+            detail = "weights size unknown (no *.safetensors here): set [preflight] weights"
+            checks = (Check("device_kv", Status.WARN, detail),)
+        return _Device(
+            mem_fraction=mem_fraction, weights_per_rank_bytes=per_rank, tokens=None, checks=checks
+        )
+    tokens = fit.estimate_device_tokens(
+        gpu_free_bytes=gpus.free_bytes,
+        weights_per_rank_bytes=per_rank,
+        mem_fraction_static=mem_fraction,
+        bytes_per_token=model.bytes_per_token,
+        page_size=plan.effective_page_size,
+        max_total_tokens=plan.max_total_tokens,
+    )
+    check = (
+        Check("device_kv", Status.FAIL, "loaded weights leave no GPU memory for the KV cache")
+        if tokens == 0
+        else Check("device_kv", Status.OK, f"{tokens:,} KV tokens per rank on the GPU")
+    )
+    return _Device(
+        mem_fraction=mem_fraction, weights_per_rank_bytes=per_rank, tokens=tokens, checks=(check,)
+    )
+
+
+def _usable(config: SupervisorConfig, probe: HostProbe) -> tuple[int, int | None, list[Check]]:
+    """(MemAvailable, cgroup headroom or None, checks): given in planning mode, else read."""
+    host = config.host
+    if host.mem_available_bytes is not None:
+        checks = [Check("host_facts", Status.OK, "host facts given (planning mode)")]
+        return host.mem_available_bytes, host.cgroup_headroom_bytes, checks
+    try:
+        available = probe.read_meminfo().available_bytes
+    except HostReadError as exc:
+        raise ConfigError(f"{exc}; give --mem-available to plan without it") from None
+    if host.cgroup_headroom_bytes is not None:
+        return available, host.cgroup_headroom_bytes, []
+    reading = probe.read_cgroup_headroom()
+    checks = [Check("cgroup", Status.WARN, reading.warning)] if reading.warning else []
+    return available, reading.headroom_bytes, checks
+
+
+def _budget(
+    config: SupervisorConfig, plan: LaunchPlan, model: _Model, usable_bytes: int
+) -> fit.HostBudget:
+    pre = config.preflight
+    load_transient = 0
+    if plan.weight_loader_disable_mmap:
+        shard = model.info.largest_shard_bytes or pre.shard_bytes
+        load_transient = (pre.load_threads + 2) * shard * plan.local_ranks
+    return fit.HostBudget(
+        usable_bytes=usable_bytes,
+        reserve_bytes=pre.reserve_bytes,
+        per_rank_overhead_bytes=pre.per_rank_overhead_bytes,
+        main_overhead_bytes=pre.main_overhead_bytes,
+        load_transient_bytes=load_transient,
+        cpu_offload_bytes_per_rank=plan.cpu_offload_gb * GB,
+    )
+
+
+def run_preflight(
+    config: SupervisorConfig,
+    argv: Sequence[str],
+    *,
+    gpu_sensor: GpuSensor | None = None,
+    probe: HostProbe | None = None,
+    env: Mapping[str, str] | None = None,
+    config_dir: Path | None = None,
+) -> FitReport:
+    """Decide whether `argv` (launch_server's arguments) fits this host, or the one described.
+
+    `gpu_sensor` is read once unless `[host]` gives the GPU facts; None: no GPU is read.
+
+    Raises:
+        ConfigError: bad argv, missing or malformed model config, or an unreadable /proc/meminfo
+            with no `mem_available` given (exit 2).
+    """
+    probe = probe or HostProbe()
+    env = dict(os.environ if env is None else env) | dict(config.server.env)
+    plan = parse_plan(argv)
+    model = _model(config, plan, config_dir)
+    planning = config.host.mem_available_bytes is not None
+    gpus = read_gpus(config, plan, gpu_sensor)
+    device = _device(config, plan, model, gpus)
+    available, cgroup, host_checks = _usable(config, probe)
+    usable = available if cgroup is None else min(available, cgroup)
+    budget = _budget(config, plan, model, usable)
+    numa, numa_checks = numa_loads(config, plan, gpus, probe, planning)
+    rules = sglang_rules(config)
+    host = assess_host(
+        plan=plan,
+        bytes_per_token=model.bytes_per_token,
+        indexer_bytes_per_token=model.indexer_bytes_per_token,
+        device_tokens=device.tokens,
+        budget=budget,
+        numa=numa,
+        rules=rules,
+        cgroup_limited=cgroup is not None,
+    )
+    checks = [model_check(model.info), *gpus.checks, *device.checks, *host_checks, *numa_checks]
+    checks.extend(host.checks)
+    if not planning:
+        pools = None if host.pool_bytes is None else host.pool_bytes * plan.local_ranks
+        checks.extend(local_checks(plan, gpus, probe, env, pools))
+    return _report(
+        argv, plan, model, gpus, device, host, budget, numa, rules.version, config, checks
+    )
+
+
+def _report(
+    argv: Sequence[str],
+    plan: LaunchPlan,
+    model: _Model,
+    gpus: GpuFacts,
+    device: _Device,
+    host: HostAssessment,
+    budget: fit.HostBudget,
+    numa: Sequence[fit.NumaLoad],
+    version: str | None,
+    config: SupervisorConfig,
+    checks: Sequence[Check],
+) -> FitReport:
+    safe = host.max_hicache_size_gb
+    tokens = device.tokens
+    return FitReport(
+        model=plan.model_path or model.info.path,
+        attention=model_geometry.attention_kind(model.info.config),
+        kv_cache_dtype=model.kv_dtype,
+        layers_per_rank=model.layers,
+        local_ranks=plan.local_ranks,
+        bytes_per_token_per_rank=model.bytes_per_token,
+        indexer_bytes_per_token_per_rank=model.indexer_bytes_per_token,
+        weights_per_rank_bytes=device.weights_per_rank_bytes,
+        gpu_memory_bytes=gpus.total_bytes,
+        gpu_free_bytes=gpus.free_bytes,
+        mem_fraction_static=device.mem_fraction,
+        device_tokens_per_rank=tokens,
+        hicache_mode=host.mode,
+        hicache_ratio=host.ratio,
+        host_pool_tokens_per_rank=host.pool_tokens,
+        host_pool_bytes_per_rank=host.pool_bytes,
+        host_required_bytes=host.required_bytes,
+        host_budget_bytes=budget.budget_bytes,
+        terms=host.terms,
+        max_hicache_size_gb=safe,
+        equivalent_ratio=(host.safe_host_tokens / tokens) if safe and tokens else None,
+        safe_host_tokens_per_rank=host.safe_host_tokens,
+        avg_request_tokens=config.preflight.avg_request_tokens,
+        sglang_version=version,
+        checks=tuple(checks),
+        suggested_argv=suggested_argv(argv, safe),
+        numa=tuple(
+            {"node": n.node, "ranks": n.ranks, "available_bytes": n.available_bytes} for n in numa
+        ),
+    )
+
+
+def suggested_argv(argv: Sequence[str], safe_size_gb: int) -> tuple[str, ...] | None:
+    """The user's argv with the safe `--hicache-size` substituted, secrets redacted."""
+    if safe_size_gb <= 0:
+        return None
+    return redact_argv(_with_flag_value(argv, "--hicache-size", str(safe_size_gb)))

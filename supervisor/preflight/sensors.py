@@ -1,0 +1,62 @@
+"""Which GPU sensor a backend name means: real NVML, the simulation's pynvml-shaped module, or
+none. The one place the product names the simulation (`sim`), so that adapters never import
+supervisor.testing and the simulation is loaded only when asked for."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from supervisor.adapters.gpu_guard import GuardedGpuSensor
+from supervisor.adapters.nvml import GpuBackendError, open_gpu_sensor
+from supervisor.core.ports import GpuSensor
+from supervisor.core.readings import GpuState
+
+SIM_MODULE = "supervisor.testing.fake_nvml"
+BACKENDS = ("auto", "nvml", "sim", "none")
+
+
+def open_sensor(backend: str) -> GpuSensor:
+    """An in-process sensor for a one-shot read (the `preflight` command).
+
+    Raises:
+        GpuBackendError: an unknown backend, NVML missing when asked for explicitly, or `sim`
+            without simulated GPUs.
+    """
+    if backend != "sim":
+        return open_gpu_sensor(backend)
+    try:
+        return open_gpu_sensor("nvml", module=importlib.import_module(SIM_MODULE))
+    except GpuBackendError:
+        raise GpuBackendError(
+            "GPU backend sim: no simulated GPUs (set FAKE_GPU_STATE_DIR to a directory made by "
+            "supervisor.testing.gpu_state.create_gpus)"
+        ) from None
+
+
+class LazySensor:
+    """Opens the backend's sensor at the first read: a pre-flight whose GPU facts are given, or
+    that fails on its argv first, never loads NVML."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._sensor: GpuSensor | None = None
+
+    def read_gpus(self) -> tuple[GpuState, ...] | None:
+        if self._sensor is None:
+            self._sensor = open_sensor(self.backend)
+        return self._sensor.read_gpus()
+
+    def close(self) -> None:
+        if self._sensor is not None:
+            self._sensor.close()
+            self._sensor = None
+
+
+def guarded_sensor(
+    backend: str, *, timeout_s: float, env: Mapping[str, str] | None = None
+) -> GuardedGpuSensor:
+    """The sensor `run` uses: NVML (`nvml`) or the simulation (`sim`) in a worker process with
+    a deadline per query."""
+    module = SIM_MODULE if backend == "sim" else "pynvml"
+    return GuardedGpuSensor(module, timeout_s=timeout_s, env=env)

@@ -1,0 +1,110 @@
+"""A dead server: kill what is left of its tree, reap it, and classify why it died.
+
+The classification itself is core.classify's; this module gathers its inputs (exit status,
+log tail, the kernel's OOM-kill counter, why the tree was killed first) from the adapters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import structlog
+
+from supervisor.core.checks import FitReport
+from supervisor.core.classify import Classification, DeathContext, FailureKind, classify
+from supervisor.core.events import KillReason
+from supervisor.core.ports import Clock, LaunchedServer, Processes
+from supervisor.core.readings import ExitStatus
+
+log = structlog.get_logger("supervisor.run")
+
+# After SIGKILL the tree normally vanishes in milliseconds; ranks unpinning huge pools sit in D
+# state for tens of seconds (sgl-project/sglang PR #32829) - the GPU release wait covers those.
+TREE_GONE_WAIT_S = 10.0
+# Why a component killed the tree wins over what the exit status suggests.
+_OVERRIDES = frozenset({FailureKind.MEMORY_KILL, FailureKind.GPU_DIRTY})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Death:
+    """The server is dead: `observed` is what the supervisor saw (None: it exited by itself)."""
+
+    observed: FailureKind | None
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DeathReport:
+    """A classified death, handed to every death hook before the restart decision."""
+
+    run_id: str
+    classification: Classification
+    exit_status: ExitStatus | None  # the main process's own exit, None if we killed it alive
+    was_ready: bool
+    pids: tuple[int, ...]  # the tree's processes that were killed
+    argv: tuple[str, ...]  # as launched (override / auto-size applied)
+    fit: FitReport | None  # the pre-flight's report for that argv (None: it did not run)
+
+
+# Called after every death, in order; e.g. "restart smaller" after a memory kill.
+DeathHook = Callable[[DeathReport], None]
+
+
+def wait_tree_gone(
+    server: LaunchedServer, clock: Clock, reason: KillReason, timeout_s: float = TREE_GONE_WAIT_S
+) -> None:
+    """Kill and reap until no live process of the tree is left, or log what stays."""
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        left = [p.pid for p in server.remaining() if not p.is_zombie]
+        if not left:
+            server.drain_output(1.0)
+            return
+        if clock.monotonic() >= deadline:
+            log.error("server_tree_not_gone", pids=left, waited_s=timeout_s)
+            return
+        server.kill_all(reason)
+        clock.sleep(0.02)
+
+
+def kill_and_classify(
+    server: LaunchedServer,
+    death: Death,
+    *,
+    was_ready: bool,
+    oom_kills_at_launch: int | None,
+    processes: Processes,
+    clock: Clock,
+) -> tuple[Classification, ExitStatus | None, tuple[int, ...]]:
+    """Kill the rest of the tree, wait for it, classify. Returns (class, the main process's own
+    exit status if it exited before we killed, the PIDs killed)."""
+    exited_first = server.poll()
+    reason = KillReason(death.observed, death.detail)
+    pids = server.kill_all(reason)
+    wait_tree_gone(server, clock, reason)
+    first = server.kill_reason
+    override = first.failure if first is not None and first.failure in _OVERRIDES else None
+    oom_now = processes.oom_kill_count()
+    oom = None if oom_now is None or oom_kills_at_launch is None else oom_now - oom_kills_at_launch
+    context = DeathContext(
+        observed=death.observed,
+        override=override,
+        override_detail=first.detail if override is not None and first is not None else "",
+        was_ready=was_ready,
+        killed_by_us=exited_first is None,
+        oom_kills=oom,
+    )
+    # A tree we killed alive died of our SIGKILL: its status says nothing about why.
+    code = exited_first.exit_code if exited_first else None
+    sig = exited_first.signal_number if exited_first else None
+    result = classify(code, sig, server.tail(), context)
+    log.error(
+        "server_failed",
+        failure=result.kind.value,
+        hint=result.hint,
+        exit_code=code,
+        signal=sig,
+        pids=list(pids),
+    )
+    return result, exited_first, pids

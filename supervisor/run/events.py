@@ -1,0 +1,55 @@
+"""A clock for the run loop's blocking waits (leftover cleanup, GPU release, backoff): each wait
+keeps systemd's watchdog fed and ends early with StopRequested when a stop signal is queued.
+
+The queue itself is core.ports.EventQueue (adapters/events.py in production).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from supervisor.core.events import Event, SignalEvent
+from supervisor.core.ports import Clock, EventQueue
+
+# Wake at least this often: a 300 s backoff must still feed WatchdogSec=60.
+_MAX_SLICE_S = 1.0
+
+
+class StopRequested(Exception):
+    """A stop signal arrived during a blocking wait (leftover cleanup, GPU release, backoff)."""
+
+    def __init__(self, event: SignalEvent) -> None:
+        super().__init__(event.name)
+        self.event = event
+
+
+class EventClock:
+    """A Clock whose sleeps drain the event queue: a stop signal raises StopRequested, other
+    events are kept in `held` (a dead server's watchdog events are dropped by the caller)."""
+
+    def __init__(
+        self, clock: Clock, events: EventQueue, on_tick: Callable[[], None] = lambda: None
+    ) -> None:
+        self._clock = clock
+        self._events = events
+        self._on_tick = on_tick
+        self.held: list[Event] = []
+
+    def monotonic(self) -> float:
+        return self._clock.monotonic()
+
+    def wall(self) -> float:
+        return self._clock.wall()
+
+    def sleep(self, seconds: float) -> None:
+        deadline = self._clock.monotonic() + max(0.0, seconds)
+        while True:
+            self._on_tick()
+            left = deadline - self._clock.monotonic()
+            if left <= 0:
+                return
+            event = self._events.get(min(left, _MAX_SLICE_S))
+            if isinstance(event, SignalEvent):
+                raise StopRequested(event)
+            if event is not None:
+                self.held.append(event)

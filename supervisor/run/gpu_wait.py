@@ -1,0 +1,328 @@
+"""After the server tree is gone: wait until the target GPUs are really free, kill our leftover
+holders, reset a GPU whose memory stays held, or give up (exit 6) rather than relaunch onto it.
+
+The decisions are core.gpu_release's, ownership core.ownership's; this module reads, sleeps,
+signals, resets and logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import structlog
+
+from supervisor.config import GpuConfig
+from supervisor.core.classify import FailureKind
+from supervisor.core.gpu_release import (
+    GpuCheck,
+    ReleaseAction,
+    ReleaseDecision,
+    assess_gpus,
+    decide_release,
+)
+from supervisor.core.ownership import Owner, whose
+from supervisor.core.ports import Clock, GpuResetter, GpuSensor, Processes
+from supervisor.core.readings import GpuState
+from supervisor.core.units import GiB
+from supervisor.errors import GpuUnrecoverable
+from supervisor.run.state import StateStore
+
+log = structlog.get_logger("supervisor.gpu_wait")
+
+# Ollama polls free VRAM every 250 ms after an unload (docs/peers.md); fast enough to relaunch
+# promptly, cheap enough for an NVML worker.
+DEFAULT_POLL_INTERVAL_S = 0.25
+DEFAULT_RELEASE_TIMEOUT_S = 120.0
+DEFAULT_TOLERANCE_BYTES = 1 * GiB
+DEFAULT_RESET_SETTLE_S = 5.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseResult:
+    """How the wait for the GPUs ended. `ok` False means: do not relaunch (exit 6)."""
+
+    ok: bool
+    reason: str
+    elapsed_s: float
+    checks: tuple[GpuCheck, ...] = ()
+    killed_pids: tuple[int, ...] = ()
+    reset_gpus: tuple[int, ...] = ()
+    d_state_pids: tuple[int, ...] = ()  # holders we waited for instead of re-killing
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for the incident file and log events."""
+        return {
+            "ok": self.ok,
+            "reason": self.reason,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "killed_pids": list(self.killed_pids),
+            "reset_gpus": list(self.reset_gpus),
+            "d_state_pids": list(self.d_state_pids),
+            "gpus": [c.describe() for c in self.checks],
+        }
+
+
+def listed_pids(gpus: Sequence[GpuState] | None, targets: Iterable[int]) -> set[int]:
+    """PIDs NVML lists on the target GPUs."""
+    wanted = set(targets)
+    return {p.pid for g in gpus or () if g.index in wanted for p in g.processes}
+
+
+def measure_baselines(sensor: GpuSensor, gpu_indices: Iterable[int]) -> dict[str, int]:
+    """Used bytes per target GPU UUID before the first launch (empty when NVML gives no answer).
+
+    A GPU that lists processes at that moment (leftovers of an earlier run, say) gets no
+    baseline: its memory is not idle, and baseline 0 + tolerance is the safe judgement.
+    """
+    gpus = sensor.read_gpus()
+    wanted = set(gpu_indices)
+    return {g.uuid: g.used_bytes for g in gpus or () if g.index in wanted and not g.processes}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Holders:
+    """How the release wait sees the processes NVML lists on the GPUs."""
+
+    is_ours: Callable[[int], bool]  # a listed PID this instance may kill
+    state: Callable[[int], str | None]  # its /proc state letter, None when gone
+    kill: Callable[[int], bool]  # SIGKILL it; False when it was already gone
+
+
+@dataclasses.dataclass
+class _Wait:
+    """The mutable bookkeeping of one release wait (what was killed, reset, seen in D state)."""
+
+    killed: set[int] = dataclasses.field(default_factory=set)
+    d_seen: set[int] = dataclasses.field(default_factory=set)
+    reset_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    reset_failed: dict[int, str] = dataclasses.field(default_factory=dict)
+    last_reason: str = ""
+
+    def result(
+        self, checks: tuple[GpuCheck, ...], ok: bool, reason: str, elapsed_s: float
+    ) -> ReleaseResult:
+        return ReleaseResult(
+            ok=ok,
+            reason=reason,
+            elapsed_s=elapsed_s,
+            checks=checks,
+            killed_pids=tuple(sorted(self.killed)),
+            reset_gpus=tuple(sorted(self.reset_at)),
+            d_state_pids=tuple(sorted(self.d_seen)),
+        )
+
+
+def _kill(pids: Sequence[int], kill: Callable[[int], bool], wait: _Wait) -> None:
+    for pid in pids:
+        wait.killed.add(pid)
+        try:
+            gone = not kill(pid)
+        except PermissionError:
+            # Another user's process: not ours to kill. The wait runs out and ends in a named
+            # exit 6 rather than an internal error (exit 70) restarted forever.
+            log.error("gpu_holder_not_killable", pid=pid, reason="permission denied")
+            continue
+        log.warning("gpu_holder_killed", pid=pid, already_gone=gone)
+
+
+def _reset(
+    decision: ReleaseDecision,
+    sensor: GpuSensor,
+    resetter: GpuResetter,
+    wait: _Wait,
+    elapsed: Callable[[], float],
+) -> None:
+    # A reset needs every NVML client gone, our own handle included (docs/peers.md, GPU reset).
+    sensor.close()
+    for check in decision.reset_gpus:
+        log.warning("gpu_reset_started", gpu=check.index, uuid=check.uuid)
+        outcome = resetter.reset(check.index, check.uuid or "")
+        wait.reset_at[check.index] = elapsed()
+        if outcome.ok:
+            log.info("gpu_reset_done", gpu=check.index, detail=outcome.detail)
+        else:
+            wait.reset_failed[check.index] = outcome.detail or "reset command failed"
+            log.error("gpu_reset_failed", gpu=check.index, detail=outcome.detail)
+
+
+def wait_for_gpu_release(
+    sensor: GpuSensor,
+    gpu_indices: Sequence[int],
+    old_pids: Iterable[int],
+    *,
+    clock: Clock,
+    holders: Holders,
+    baselines: Mapping[str, int] | None = None,
+    tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
+    resetter: GpuResetter | None = None,
+    timeout_s: float = DEFAULT_RELEASE_TIMEOUT_S,
+    d_state_grace_s: float = DEFAULT_RELEASE_TIMEOUT_S,
+    reset_settle_s: float = DEFAULT_RESET_SETTLE_S,
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+) -> ReleaseResult:
+    """Block until no target GPU lists a process of the old run and used memory is back near the
+    baseline, killing live holders of ours, waiting for D-state ones, resetting memory held with
+    no process; give up after `timeout_s` (+ `d_state_grace_s` for D-state holders).
+
+    `holders` judges the listed PIDs that are not in `old_pids`, reads their state and kills.
+    Returns a ReleaseResult; `ok` False: the GPUs must not be used (raise_if_unrecoverable).
+    """
+    started = clock.monotonic()
+    targets = tuple(gpu_indices)
+    known_ours = frozenset(old_pids)
+    wait = _Wait()
+    if not targets:
+        return ReleaseResult(ok=True, reason="no target GPUs watched", elapsed_s=0.0)
+    while True:
+        elapsed = clock.monotonic() - started
+        gpus = sensor.read_gpus()
+        if gpus is not None and len(gpus) == 0:
+            # No GPU visible at all (a box without GPUs): nothing can be held.
+            return ReleaseResult(ok=True, reason="no GPUs visible", elapsed_s=elapsed)
+        listed = listed_pids(gpus, targets)
+        ours = known_ours | {pid for pid in listed - known_ours if holders.is_ours(pid)}
+        checks = assess_gpus(
+            gpus,
+            targets,
+            ours=ours,
+            states={pid: holders.state(pid) for pid in listed},
+            baselines=baselines or {},
+            tolerance_bytes=tolerance_bytes,
+        )
+        wait.d_seen.update(pid for c in checks for pid in c.d_state)
+        decision = decide_release(
+            checks,
+            elapsed_s=elapsed,
+            timeout_s=timeout_s,
+            d_state_grace_s=d_state_grace_s,
+            killed_pids=frozenset(wait.killed),
+            reset_available=resetter is not None,
+            reset_at_s=wait.reset_at,
+            reset_failed=wait.reset_failed,
+            reset_settle_s=reset_settle_s,
+        )
+        if decision.action is ReleaseAction.DONE:
+            log.info("gpu_release_done", elapsed_s=round(elapsed, 3), gpus=list(targets))
+            return wait.result(checks, True, decision.reason, elapsed)
+        if decision.action is ReleaseAction.GIVE_UP:
+            log.error("gpu_release_failed", elapsed_s=round(elapsed, 3), reason=decision.reason)
+            return wait.result(checks, False, decision.reason, elapsed)
+        if decision.action is ReleaseAction.KILL:
+            _kill(decision.kill_pids, holders.kill, wait)
+        elif decision.action is ReleaseAction.RESET and resetter is not None:
+            _reset(decision, sensor, resetter, wait, lambda: clock.monotonic() - started)
+        else:
+            if decision.reason != wait.last_reason:
+                log.info("gpu_release_waiting", elapsed_s=round(elapsed, 3), reason=decision.reason)
+                wait.last_reason = decision.reason
+            clock.sleep(poll_interval_s)
+
+
+def holders_of(processes: Processes, instance: str) -> Holders:
+    """The GPU holders as this instance judges them (core.ownership) over a process table."""
+
+    def is_ours(pid: int) -> bool:
+        marks = processes.marks(pid)
+        if marks is None:
+            return False
+        owner = whose(
+            marks,
+            instance=instance,
+            self_pid=processes.self_pid,
+            self_mark=processes.self_mark(),
+            on_target_gpu=True,
+        )
+        return owner is Owner.OURS
+
+    def process_state(pid: int) -> str | None:
+        marks = processes.marks(pid)
+        return None if marks is None else marks.state
+
+    return Holders(is_ours=is_ours, state=process_state, kill=processes.kill)
+
+
+def raise_if_unrecoverable(
+    result: ReleaseResult, notify_status: Callable[[str], object] | None = None
+) -> None:
+    """Turn a failed release into GpuUnrecoverable (exit 6), telling systemd's STATUS= first.
+
+    Raises:
+        GpuUnrecoverable: a target GPU is still held after kill, wait and reset; relaunching onto
+            it would fail or leak more (usually a D-state process stuck in the driver, a failed
+            reset, or NVML hung: the node needs an operator, often a reboot).
+    """
+    if result.ok:
+        return
+    if notify_status is not None:
+        notify_status(f"gpu unrecoverable: {result.reason}"[:200])
+    raise GpuUnrecoverable(f"GPUs not released, not relaunching: {result.reason}")
+
+
+class GpuRelease:
+    """Waits until the GPUs of a dead run are free; exit 6 (GpuUnrecoverable) when one stays
+    dirty. A no-op without a GPU sensor (backend none)."""
+
+    def __init__(
+        self,
+        gpu: GpuConfig,
+        gpu_indices: Sequence[int],
+        *,
+        instance: str,
+        sensor: GpuSensor | None,
+        processes: Processes,
+        store: StateStore,
+        resetter: GpuResetter | None = None,
+        hooks: Sequence[Callable[[ReleaseResult], None]] = (),
+        notify_status: Callable[[str], object] | None = None,
+    ) -> None:
+        self.gpu = gpu
+        self.indices = tuple(gpu_indices)
+        self.instance = instance
+        self.sensor = sensor
+        self.processes = processes
+        self.store = store
+        self.resetter = resetter
+        self.hooks = hooks
+        self.notify_status = notify_status
+        self.baselines: dict[str, int] = {}
+
+    def measure_baselines(self) -> None:
+        """Used memory per target GPU before the first launch: "released" means back near it."""
+        if self.sensor is not None:
+            self.baselines = measure_baselines(self.sensor, self.indices)
+
+    def wait(self, old_pids: Sequence[int], clock: Clock) -> None:
+        """Block until no target GPU lists `old_pids` and memory is back near the baseline.
+
+        `old_pids` may be empty (a tree killed whole from outside, by the OOM killer or an
+        operator, is reaped before the supervisor reads it): the GPUs are checked all the same,
+        since a tree that died unseen can leave them as dirty as one we killed.
+
+        Raises:
+            GpuUnrecoverable: a GPU stays held after kill, wait and reset.
+            StopRequested: from `clock` (an EventClock), when a stop signal arrives.
+        """
+        if self.sensor is None:
+            return
+        result = wait_for_gpu_release(
+            self.sensor,
+            self.indices,
+            old_pids,
+            clock=clock,
+            holders=holders_of(self.processes, self.instance),
+            baselines=self.baselines,
+            tolerance_bytes=self.gpu.release_tolerance_bytes,
+            resetter=self.resetter,
+            timeout_s=self.gpu.release_timeout_s,
+            d_state_grace_s=self.gpu.d_state_grace_s,
+        )
+        for hook in self.hooks:
+            hook(result)
+        if not result.ok:
+            self.store.update(
+                lambda s: dataclasses.replace(
+                    s, last_failure=FailureKind.GPU_DIRTY.value, last_failure_hint=result.reason
+                )
+            )
+        raise_if_unrecoverable(result, self.notify_status)

@@ -1,0 +1,76 @@
+"""What the run loop is built from: the outside world it reaches (RunnerIO) and what plugs into
+it (Plugins: the memory watchdog's component factory and hooks), with the types they share.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from supervisor.core.checks import FitReport
+from supervisor.core.events import Event
+from supervisor.core.lifecycle import HealthStatus
+from supervisor.core.ports import (
+    Clock,
+    EventQueue,
+    GpuResetter,
+    GpuSensor,
+    Notifier,
+    Processes,
+    ServerHandle,
+    ServerLauncher,
+)
+from supervisor.core.sglang_args import LaunchPlan
+from supervisor.run.death import DeathHook
+from supervisor.run.gpu_wait import ReleaseResult
+
+
+class Component(Protocol):
+    """Something started beside a launched server (the memory watchdog); stopped before the
+    next launch. It may kill the tree itself (kill_all) and post a WatchdogEvent."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout_s: float = ...) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchInfo:
+    """What a component factory gets to know about a launch."""
+
+    run_id: str
+    argv: tuple[str, ...]  # launch_server's argv as launched (override/auto-size applied)
+    plan: LaunchPlan  # parsed from that argv
+    fit: FitReport | None  # the pre-flight's report for that argv (None: it did not run)
+
+
+# (server, post, info) -> component or None; `post` is safe from any thread.
+ComponentFactory = Callable[[ServerHandle, Callable[[Event], None], LaunchInfo], Component | None]
+# Told the outcome of every GPU release wait (ok or not) before a failed one ends the run.
+ReleaseHook = Callable[[ReleaseResult], None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerIO:
+    """The outside world as the runner reaches it (adapters in production, fakes in tests)."""
+
+    clock: Clock
+    events: EventQueue
+    launcher: ServerLauncher
+    processes: Processes
+    notifier: Notifier
+    probe_factory: Callable[[LaunchPlan], Callable[[], HealthStatus]]
+    sensor: GpuSensor | None = None  # None: the GPUs are not watched (backend none)
+    resetter: GpuResetter | None = None
+    probe_executor: Callable[[], concurrent.futures.Executor] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Plugins:
+    """What plugs into the loop: the memory watchdog's factory and hooks."""
+
+    components: Sequence[ComponentFactory] = ()
+    death_hooks: Sequence[DeathHook] = ()
+    release_hooks: Sequence[ReleaseHook] = ()

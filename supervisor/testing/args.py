@@ -1,0 +1,154 @@
+"""The simulated server's command line, read with argparse the way SGLang's `prepare_server_args`
+reads it (`argparse.ArgumentParser`, prefix abbreviation on), written from SGLang 0.5.23's
+`ServerArgs` fields. Independent of the supervisor's own argv reader (supervisor/core), so an
+error there shows up as a disagreement in the tests.
+
+Flags the simulation does not act on are accepted and ignored (parse_known_args), as long as
+the scenario does not list them in `bad_flags`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PROG = "launch_server.py"
+
+# Other SGLang flags that share a prefix with the ones below: registered so that argparse's
+# abbreviation rule sees the same neighbours as SGLang's parser (`--pp` stays ambiguous).
+_NEIGHBOURS = (
+    "--pp-max-micro-batch-size",
+    "--pp-async-batch-depth",
+    "--tokenizer-path",
+    "--tokenizer-mode",
+    "--detokenizer-worker-num",
+    "--dist-init-addr",
+    "--dist-timeout",
+    "--enable-metrics-for-all-schedulers",
+    "--hicache-write-policy",
+    "--hicache-io-backend",
+    "--hicache-mem-layout",
+    "--hicache-storage-backend",
+    "--max-running-requests",
+    "--max-prefill-tokens",
+    "--chunked-prefill-size",
+    "--served-model-name",
+    "--skip-tokenizer-init",
+    "--api-key",
+    "--admin-api-key",
+)
+
+
+class SimArgsError(ValueError):
+    """What SGLang's argparse would print before exiting 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # argparse exits; we raise
+        raise SimArgsError(message)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimArgs:
+    """The flags the simulation acts on, SGLang's defaults applied."""
+
+    model_path: str
+    tp_size: int
+    dp_size: int
+    pp_size: int
+    attn_dp_size: int
+    enable_dp_attention: bool
+    ep_size: int
+    nnodes: int
+    node_rank: int
+    mem_fraction_static: float | None
+    max_total_tokens: int | None
+    kv_cache_dtype: str
+    page_size: int | None
+    chunked_prefill_size: int | None
+    enable_hierarchical_cache: bool
+    hicache_ratio: float | None
+    hicache_size: int
+    hicache_host_memory_mode: str
+    host: str
+    port: int
+    base_gpu_id: int
+    gpu_id_step: int
+    api_key: str | None
+    enable_metrics: bool
+    skip_server_warmup: bool
+    served_model_name: str | None
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog=PROG, add_help=False)
+    p.add_argument("--model-path", "--model", dest="model_path", required=True)
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    p.add_argument("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
+    p.add_argument(
+        "--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int
+    )
+    p.add_argument("--enable-dp-attention", action="store_true")
+    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--max-total-tokens", type=int)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--page-size", type=int)
+    p.add_argument(
+        "--enable-hierarchical-cache", "--enable-hicache", dest="hicache", action="store_true"
+    )
+    p.add_argument("--hicache-ratio", type=float)
+    p.add_argument("--hicache-size", type=int, default=0)
+    p.add_argument("--hicache-host-memory-mode", choices=("cache", "buffer_only"), default="cache")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--base-gpu-id", type=int, default=0)
+    p.add_argument("--gpu-id-step", type=int, default=1)
+    p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--skip-server-warmup", action="store_true")
+    for flag in _NEIGHBOURS:
+        p.add_argument(flag, dest=flag[2:].replace("-", "_"))
+    return p
+
+
+def parse_sim_args(argv: Sequence[str]) -> SimArgs:
+    """SGLang's reading of `argv`; unknown flags are ignored.
+
+    Raises:
+        SimArgsError: what argparse rejects (a missing --model-path, an ambiguous abbreviation,
+            a value of the wrong type).
+    """
+    ns, _unknown = _parser().parse_known_args(list(argv))
+    chunked = ns.chunked_prefill_size
+    return SimArgs(
+        model_path=ns.model_path,
+        tp_size=ns.tp_size,
+        dp_size=ns.dp_size,
+        pp_size=ns.pp_size,
+        attn_dp_size=ns.attn_dp_size or 1,
+        enable_dp_attention=ns.enable_dp_attention,
+        ep_size=ns.ep_size or 1,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        mem_fraction_static=ns.mem_fraction_static,
+        max_total_tokens=ns.max_total_tokens,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        page_size=ns.page_size,
+        chunked_prefill_size=int(chunked) if chunked is not None else None,
+        enable_hierarchical_cache=ns.hicache,
+        hicache_ratio=ns.hicache_ratio,
+        hicache_size=ns.hicache_size,
+        hicache_host_memory_mode=ns.hicache_host_memory_mode,
+        host=ns.host,
+        port=ns.port,
+        base_gpu_id=ns.base_gpu_id,
+        gpu_id_step=ns.gpu_id_step,
+        api_key=ns.api_key,
+        enable_metrics=ns.enable_metrics,
+        skip_server_warmup=ns.skip_server_warmup,
+        served_model_name=ns.served_model_name,
+    )

@@ -1,0 +1,151 @@
+"""memory.guard and memory.restart_smaller: [watchdog] config -> policy limits, restart smaller
+after a memory kill (a ratio converted with the launch's own pre-flight report), the incident
+followed to its end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import RunSettings, SupervisorConfig, WatchdogConfig
+from supervisor.core.checks import FitReport
+from supervisor.core.classify import Classification, FailureKind
+from supervisor.memory.guard import MemoryGuard, limits_from_config
+from supervisor.memory.incident import Incident
+from supervisor.run.death import DeathReport
+from supervisor.run.state import StateStore
+
+GB = 10**9
+GiB = 2**30
+ARGV = (
+    "--model-path",
+    "m",
+    "--tp-size",
+    "8",
+    "--enable-hierarchical-cache",
+    "--hicache-size",
+    "40",
+)
+
+
+def test_limits_follow_the_config_and_the_expected_total():
+    limits = limits_from_config(WatchdogConfig(kill_percent=0.0), 400 * GB)
+    assert limits.kill.bytes_ == 2 * GiB
+    assert limits.kill.percent is None
+    assert limits.tree_budget_bytes == 400 * GB
+    assert limits.tree_kill_bytes == 440 * GB
+    assert limits.worst_ramp_bytes_per_s == 6 * GB
+    assert limits_from_config(WatchdogConfig(), None).tree_kill_bytes is None
+
+
+def _protection(tmp_path: Path) -> tuple[MemoryGuard, StateStore]:
+    settings = RunSettings(
+        config=SupervisorConfig(),
+        server_command=("python",),
+        server_args=ARGV,
+        state_dir=tmp_path,
+    )
+    store = StateStore(tmp_path)
+    store.ensure_writable()
+    return MemoryGuard(settings, store), store
+
+
+def _report(
+    store: StateStore,
+    kind: FailureKind,
+    argv: tuple[str, ...] = ARGV,
+    fit: FitReport | None = None,
+) -> DeathReport:
+    return DeathReport(
+        run_id="r1",
+        classification=Classification(kind, "hint"),
+        exit_status=None,
+        was_ready=True,
+        pids=(1, 2),
+        argv=argv,
+        fit=fit,
+    )
+
+
+def _fit(pool_bytes_per_rank: int) -> FitReport:
+    """A pre-flight report whose host pool per rank is `pool_bytes_per_rank`."""
+    return FitReport(
+        model="m",
+        attention="mha",
+        kv_cache_dtype="bfloat16",
+        layers_per_rank=80,
+        local_ranks=8,
+        bytes_per_token_per_rank=40_960,
+        indexer_bytes_per_token_per_rank=0,
+        weights_per_rank_bytes=None,
+        gpu_memory_bytes=None,
+        gpu_free_bytes=None,
+        mem_fraction_static=None,
+        device_tokens_per_rank=None,
+        hicache_mode="ratio",
+        hicache_ratio=2.0,
+        host_pool_tokens_per_rank=None,
+        host_pool_bytes_per_rank=pool_bytes_per_rank,
+        host_required_bytes=None,
+        host_budget_bytes=0,
+        terms=(),
+        max_hicache_size_gb=0,
+        equivalent_ratio=None,
+        safe_host_tokens_per_rank=0,
+        avg_request_tokens=4096,
+        sglang_version=None,
+        checks=(),
+    )
+
+
+def test_a_memory_kill_stores_the_shrunk_size_with_its_reason(tmp_path: Path):
+    protection, store = _protection(tmp_path)
+    protection.on_death(_report(store, FailureKind.MEMORY_KILL))
+    state = store.load()
+    assert state.hicache_size_override_gb == 30
+    assert "40 -> 30" in (state.override_reason or "")
+    # The next kill shrinks what was launched (the override applied), not the original flag.
+    shrunk = (*ARGV[:-1], "30")
+    protection.on_death(_report(store, FailureKind.MEMORY_KILL, shrunk))
+    assert store.load().hicache_size_override_gb == 22
+
+
+@pytest.mark.parametrize("kind", [FailureKind.RANK_CRASH, FailureKind.HEALTH_TIMEOUT])
+def test_other_deaths_leave_the_size_alone(tmp_path: Path, kind: FailureKind):
+    protection, store = _protection(tmp_path)
+    protection.on_death(_report(store, kind))
+    assert store.load().hicache_size_override_gb is None
+
+
+def test_the_incident_follows_classification_shrink_and_relaunch(tmp_path: Path):
+    protection, store = _protection(tmp_path)
+    incident = Incident.create(tmp_path, "memory_kill", "test", {})
+    assert incident is not None
+
+    class Dog:
+        pass
+
+    dog = Dog()
+    dog.incident = incident  # type: ignore[attr-defined]  # the guard only reads .incident
+    protection.dog = dog  # type: ignore[assignment]
+    protection.on_death(_report(store, FailureKind.MEMORY_KILL))
+    steps = [s["step"] for s in json.loads(incident.path.read_text())["next"]]
+    assert steps == ["classified", "restart_smaller"]
+
+
+def test_a_ratio_pool_is_shrunk_from_the_launch_s_own_report_without_a_second_preflight(
+    tmp_path: Path,
+):
+    guard, store = _protection(tmp_path)
+    ratio_argv = ("--model-path", "m", "--tp-size", "8", "--enable-hicache", "--hicache-ratio", "2")
+    guard.on_death(_report(store, FailureKind.MEMORY_KILL, ratio_argv, fit=_fit(100 * GB)))
+    assert store.load().hicache_size_override_gb == 75
+
+
+def test_a_ratio_pool_without_a_report_is_not_shrunk(tmp_path: Path):
+    guard, store = _protection(tmp_path)
+    ratio_argv = ("--model-path", "m", "--tp-size", "8", "--enable-hicache", "--hicache-ratio", "2")
+    guard.on_death(_report(store, FailureKind.MEMORY_KILL, ratio_argv, fit=None))
+    assert store.load().hicache_size_override_gb is None

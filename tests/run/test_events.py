@@ -1,0 +1,69 @@
+"""The runner's event queue and waits: signal handlers only queue, waits feed systemd's
+watchdog and end early on a stop signal while keeping watchdog events for the loop."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from supervisor.adapters.events import (
+    QueueEvents,
+    install_signal_handlers,
+    restore_signal_handlers,
+    signal_event,
+)
+from supervisor.core.classify import FailureKind
+from supervisor.core.events import MemoryAction, SignalEvent, WatchdogEvent
+from supervisor.run.events import EventClock, StopRequested
+from tests.fakes import FakeClock, FakeEvents
+
+KILL = WatchdogEvent(
+    action=MemoryAction.KILLED, failure=FailureKind.MEMORY_KILL, reason="headroom 1 GB", at_s=0.0
+)
+
+
+def test_a_stop_signal_during_a_wait_raises_and_watchdog_events_are_kept():
+    clock = FakeClock()
+    events = FakeEvents(clock)
+    ticks = []
+    waiting = EventClock(clock, events, on_tick=lambda: ticks.append(1))
+    events.at(1005.0, KILL)
+    events.at(1010.0, SignalEvent(signal.SIGTERM, "SIGTERM"))
+    with pytest.raises(StopRequested) as stop:
+        waiting.sleep(30)
+    assert stop.value.event.name == "SIGTERM"
+    assert clock.now == 1010.0
+    assert waiting.held == [KILL]
+    assert len(ticks) >= 10  # systemd's watchdog fed at least every second while waiting
+
+
+def test_a_wait_without_events_returns_at_its_deadline():
+    clock = FakeClock()
+    waiting = EventClock(clock, FakeEvents(clock))
+    waiting.sleep(0.0)
+    waiting.sleep(-1.0)
+    assert clock.now == 1000.0
+    waiting.sleep(2.5)
+    assert clock.now == 1002.5
+
+
+def test_the_real_queue_returns_none_when_nothing_came():
+    events = QueueEvents()
+    assert events.get(0.0) is None
+    events.put(KILL)
+    assert events.get(0.0) is KILL
+
+
+def test_signal_handlers_only_queue_the_signal():
+    events = QueueEvents()
+    previous = install_signal_handlers(events)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        got = [events.get(5.0), events.get(5.0)]
+    finally:
+        restore_signal_handlers(previous)
+    assert got == [signal_event(signal.SIGINT), signal_event(signal.SIGTERM)]
+    assert signal.getsignal(signal.SIGTERM) == previous[signal.SIGTERM]
