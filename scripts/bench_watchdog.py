@@ -41,12 +41,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from supervisor.adapters.host import HostProbe  # noqa: E402
 from supervisor.adapters.server_process import ServerProcess  # noqa: E402
-from supervisor.core.policy import Level, Limits  # noqa: E402
 from supervisor.core.classify import FailureKind  # noqa: E402
 from supervisor.core.events import STOP_REQUESTED, KillReason, WatchdogEvent  # noqa: E402
+from supervisor.core.policy import Level, Limits  # noqa: E402
 from supervisor.core.redact import redact_line  # noqa: E402
 from supervisor.memory.watchdog import MemoryWatchdog  # noqa: E402
 
@@ -238,88 +239,95 @@ class RunResult:
     detail: str = ""
 
 
+def limits_for(mode: str, baseline: int) -> tuple[int, Limits]:
+    """(the kill line in bytes, the watchdog's limits) for the `tree` or the `host` line."""
+    if mode == "tree":
+        line = baseline + TREE_MARGIN_BYTES
+        return line, Limits(
+            warn=Level(bytes_=3 * MiB),
+            terminate=Level(bytes_=2 * MiB),
+            kill=Level(bytes_=1 * MiB),
+            tree_budget_bytes=baseline + 16 * MiB,
+            tree_kill_bytes=line,
+            psi_full_warn_percent=None,
+        )
+    line = read_meminfo_available() - HOST_MARGIN_BYTES
+    return line, Limits(
+        warn=Level(bytes_=line + 2 * HOST_MARGIN_BYTES),
+        terminate=Level(),  # off: earlyoom is run with TERM = KILL as well
+        kill=Level(bytes_=line),
+        psi_full_warn_percent=None,
+    )
+
+
+def start_earlyoom(line: int, server: ServerProcess) -> subprocess.Popen[str]:
+    """earlyoom --dryrun at `line`; when it announces its kill, the tree is killed at once."""
+    kib = max(1, line // 1024)
+    eo = subprocess.Popen(
+        # stdbuf: earlyoom's stdout is block-buffered into a pipe otherwise.
+        ["stdbuf", "-oL", "earlyoom", "-M", f"{kib},{kib}", "--dryrun", "-r", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
+
+    def watch() -> None:
+        if eo.stdout is None:
+            return
+        for text in eo.stdout:
+            if os.environ.get("BENCH_DEBUG"):
+                print("earlyoom:", text.rstrip(), flush=True)
+            if re.search(r"sending SIG(KILL|TERM) to process", text):
+                server.kill_all(KillReason(FailureKind.MEMORY_KILL, "earlyoom"))
+                return
+
+    threading.Thread(target=watch, daemon=True).start()
+    return eo
+
+
+def stop_earlyoom(eo: subprocess.Popen[str]) -> None:
+    eo.send_signal(signal.SIGTERM)
+    eo.wait(timeout=10)
+    if eo.stdout is not None:
+        eo.stdout.close()
+
+
 def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) -> RunResult:
-    rate = int(rate_gb_s * GB)
     # The leak starts after a pause long enough to measure the baseline first.
-    server = start_server(rate, leak_after_s=2.0, workdir=workdir, leaker=leaker)
+    server = start_server(int(rate_gb_s * GB), leak_after_s=2.0, workdir=workdir, leaker=leaker)
     if leaker == "hog":
         time.sleep(0.5)  # the interpreter's own start-up allocations settle before the baseline
     tree = server.tree()
     pids = [p.pid for p in tree]
     ranks = [p for p in tree if p.title.startswith("sglang::scheduler_TP0")] or list(tree[:1])
-    leak_pid = ranks[0].pid
     baseline = sum(p.charged_bytes for p in tree)
-    others = baseline - ranks[0].charged_bytes
-    events: queue.SimpleQueue[WatchdogEvent] = queue.SimpleQueue()
-    dog: MemoryWatchdog | None = None
-    eo: subprocess.Popen[str] | None = None
-    if mode == "tree":
-        line = baseline + TREE_MARGIN_BYTES
-        quiet = Level(bytes_=1 * MiB)
-        limits = Limits(
-            warn=Level(bytes_=3 * MiB),
-            terminate=Level(bytes_=2 * MiB),
-            kill=quiet,
-            tree_budget_bytes=baseline + 16 * MiB,
-            tree_kill_bytes=line,
-            psi_full_warn_percent=None,
-        )
-    else:
-        line = read_meminfo_available() - HOST_MARGIN_BYTES
-        limits = Limits(
-            warn=Level(bytes_=line + 2 * HOST_MARGIN_BYTES),
-            terminate=Level(),  # off: earlyoom is run with TERM = KILL as well
-            kill=Level(bytes_=line),
-            psi_full_warn_percent=None,
-        )
+    line, limits = limits_for(mode, baseline)
     stop = threading.Event()
     sample = Sample(series=[], rss=[])
+    others = baseline - ranks[0].charged_bytes
     thread = threading.Thread(
-        target=sampler, args=(mode, line, leak_pid, others, pids, stop, sample), daemon=True
+        target=sampler, args=(mode, line, ranks[0].pid, others, pids, stop, sample), daemon=True
     )
     thread.start()
+    dog: MemoryWatchdog | None = None
+    eo: subprocess.Popen[str] | None = None
     try:
         if tool == "watchdog":
             probe = HostProbe()
-            dog = MemoryWatchdog(
-                server,
-                limits,
-                post=events.put,
-                read_host=lambda _tree: probe.read_meminfo(),
-            )
+            events: queue.SimpleQueue[WatchdogEvent] = queue.SimpleQueue()
+            read_host = lambda _tree: probe.read_meminfo()  # noqa: E731 - one-line adapter
+            dog = MemoryWatchdog(server, limits, post=events.put, read_host=read_host)
             dog.start()
         else:
-            kib = max(1, line // 1024)
-            eo = subprocess.Popen(
-                # stdbuf: earlyoom's stdout is block-buffered into a pipe otherwise.
-                ["stdbuf", "-oL", "earlyoom", "-M", f"{kib},{kib}", "--dryrun", "-r", "0"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                bufsize=1,
-            )
-
-            def watch_earlyoom() -> None:
-                if eo is None or eo.stdout is None:
-                    return
-                for text in eo.stdout:
-                    if os.environ.get("BENCH_DEBUG"):
-                        print("earlyoom:", text.rstrip(), flush=True)
-                    if re.search(r"sending SIG(KILL|TERM) to process", text):
-                        server.kill_all(KillReason(FailureKind.MEMORY_KILL, "earlyoom"))
-                        return
-
-            threading.Thread(target=watch_earlyoom, daemon=True).start()
+            eo = start_earlyoom(line, server)
         thread.join(timeout=30)
     finally:
         stop.set()
         if dog is not None:
             dog.stop()
         if eo is not None:
-            eo.send_signal(signal.SIGTERM)
-            eo.wait(timeout=10)
-            if eo.stdout is not None:
-                eo.stdout.close()
+            stop_earlyoom(eo)
         server.kill_all(STOP_REQUESTED)
         wait_for(lambda: gone(pids), 10, "tree gone")
         server.reap()
@@ -341,93 +349,6 @@ def summarize(results: list[RunResult]) -> dict[str, float | None]:
         "overshoot_max_gb": max(over) if over else None,
         "ramp_gb_s": statistics.median(ramps) if ramps else None,
     }
-
-
-def idle_cost(seconds: float) -> dict[str, float]:
-    """`sglang-supervisor run` with 8 simulated ranks and GPUs, idle after ready: CPU and RSS."""
-    from supervisor.testing import gpu_state
-
-    workdir = Path(tempfile.mkdtemp(prefix="bench-idle-"))
-    gpus = workdir / "gpus"
-    gpu_state.create_gpus(gpus, 8, numa_nodes=2)
-    port = free_port()
-    env = dict(os.environ)
-    env["FAKE_GPU_STATE_DIR"] = str(gpus)
-    env["FAKE_SGLANG_BYTES_PER_GB"] = str(16 * 1024)
-    env["FAKE_SGLANG_SCENARIO"] = json.dumps({"startup_s": 0.2})
-    cmd = [
-        sys.executable,
-        "-m",
-        "supervisor",
-        "run",
-        "--gpu-backend",
-        "sim",
-        "--state-dir",
-        str(workdir / "state"),
-        "--server-command",
-        f"{sys.executable} -m supervisor.testing.fake_sglang",
-        "--force",
-        "--log-format",
-        "json",
-        "--",
-        "--model-path",
-        "m",
-        "--tp-size",
-        "8",
-        "--port",
-        str(port),
-    ]
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
-    )
-    try:
-        wait_for(lambda: http_ok(port), 120, "supervised server ready")
-        time.sleep(5)  # let startup work (imports, first reads) settle before measuring
-        tick = os.sysconf("SC_CLK_TCK")
-
-        def cpu_s(pid: int) -> float:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / tick
-
-        def workers() -> list[int]:
-            out = []
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    try:
-                        cmdline = (entry / "cmdline").read_bytes()
-                        stat = (entry / "stat").read_text()
-                    except OSError:
-                        continue
-                    ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                    if ppid == proc.pid and b"gpu_guard" in cmdline:
-                        out.append(int(entry.name))
-            return out
-
-        pids = [proc.pid, *workers()]
-        before = {p: cpu_s(p) for p in pids}
-        t0 = time.monotonic()
-        time.sleep(seconds)
-        wall = time.monotonic() - t0
-        used = sum(cpu_s(p) - before[p] for p in pids)
-        rss = 0
-        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-        worker_rss = 0
-        for w in pids[1:]:
-            for line in Path(f"/proc/{w}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    worker_rss += int(line.split()[1]) * 1024
-        return {
-            "cpu_percent": 100 * used / wall,
-            "rss_mib": rss / MiB,
-            "nvml_worker_rss_mib": worker_rss / MiB,
-            "seconds": wall,
-        }
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> int:
@@ -458,6 +379,8 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     report["rows"] = rows
     if not args.skip_idle:
+        from bench_idle import idle_cost  # scripts/bench_idle.py, beside this file
+
         report["idle"] = idle_cost(args.idle_seconds)
         print(json.dumps(report["idle"]), flush=True)
     if args.json:

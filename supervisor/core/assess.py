@@ -29,21 +29,26 @@ class HostAssessment:
     safe_host_tokens: int
 
 
-def assess_host(
-    *,
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Pool:
+    """The host pool per rank as SGLang will size it."""
+
+    mode: str
+    ratio: float | None
+    tokens: int | None
+    bytes_: int | None
+    checks: tuple[Check, ...]
+
+
+def _pool(
     plan: LaunchPlan,
-    bytes_per_token: int,
-    indexer_bytes_per_token: int,
+    cell_bytes: int,
+    indexer_bytes: int,
     device_tokens: int | None,
     budget: fit.HostBudget,
-    numa: Sequence[fit.NumaLoad],
     rules: SglangRules,
-    cgroup_limited: bool,
-) -> HostAssessment:
-    """Size the host pool the way SGLang will and check it against the host and NUMA budgets."""
-    bpt, idx = bytes_per_token, indexer_bytes_per_token
-    local_ranks = plan.local_ranks
-    checks: list[Check] = []
+) -> _Pool:
+    """The host pool in its mode: size, ratio, or SGLang's auto-sizing (when the version has it)."""
     mode = plan.hicache_mode if plan.uses_hicache else "off"
     ratio: float | None = None
     auto_ratio: float | None = None
@@ -57,27 +62,29 @@ def assess_host(
                 ranks_per_host=plan.tp_size * plan.pp_size // plan.nnodes,
                 host_memory_fraction=plan.hicache_host_memory_fraction,
                 device_tokens=device_tokens,
-                bytes_per_token=bpt + idx,
+                bytes_per_token=cell_bytes + indexer_bytes,
             )
             ratio = max(0.0, auto_ratio)
-    pool_tokens: int | None
-    pool_bytes: int | None
+    checks: list[Check] = []
     try:
-        pool_tokens = fit.host_pool_tokens(plan, bpt, device_tokens, auto_ratio=ratio)
-        pool_bytes = pool_tokens * (bpt + idx)
+        tokens: int | None = fit.host_pool_tokens(plan, cell_bytes, device_tokens, auto_ratio=ratio)
     except fit.DeviceTokensUnknown as exc:
-        pool_tokens = pool_bytes = None
+        tokens = None
         checks.append(Check("host_pool", Status.FAIL, f"cannot size the host pool: {exc}"))
     if auto_ratio is not None and auto_ratio <= 0:
-        checks.append(
-            Check(
-                "host_pool",
-                Status.FAIL,
-                "SGLang's HiCache auto-sizing will refuse: no host memory is left for HiCache "
-                "after the 10 GiB reserve",
-            )
+        detail = (
+            "SGLang's HiCache auto-sizing will refuse: no host memory is left for HiCache "
+            "after the 10 GiB reserve"
         )
+        checks.append(Check("host_pool", Status.FAIL, detail))
+    pool_bytes = None if tokens is None else tokens * (cell_bytes + indexer_bytes)
+    return _Pool(mode=mode, ratio=ratio, tokens=tokens, bytes_=pool_bytes, checks=tuple(checks))
 
+
+def _terms(
+    budget: fit.HostBudget, local_ranks: int, pool_bytes: int | None, cgroup_limited: bool
+) -> tuple[Term, ...]:
+    """The budget line by line, as the report's arithmetic shows it (signed bytes)."""
     terms = [
         Term(
             label="usable (MemAvailable" + (", cgroup)" if cgroup_limited else ")"),
@@ -97,85 +104,99 @@ def assess_host(
                 bytes=-budget.cpu_offload_bytes_per_rank * local_ranks,
             )
         )
-    required = None
     if pool_bytes is not None:
         pools_total = pool_bytes * local_ranks
         if budget.load_transient_bytes > pools_total:
-            terms.append(
-                Term(label="weight-load buffers (no mmap)", bytes=-budget.load_transient_bytes)
-            )
+            label, size = "weight-load buffers (no mmap)", budget.load_transient_bytes
         else:
-            terms.append(
-                Term(
-                    label=f"host KV pool {format_gb(pool_bytes)} × {local_ranks}",
-                    bytes=-pools_total,
-                )
-            )
-        required = fit.required_host_bytes(pool_bytes, local_ranks, budget)
-        if required <= budget.budget_bytes:
-            checks.append(
-                Check(
-                    "host_memory",
-                    Status.OK,
-                    f"needs {format_gb(required)} of {format_gb(budget.budget_bytes)} budget",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "host_memory",
-                    Status.FAIL,
-                    f"needs {format_gb(required)}, budget is {format_gb(budget.budget_bytes)} "
-                    f"({local_ranks} ranks × {format_gb(pool_bytes)} host pool each)",
-                )
-            )
-        for node in numa:
-            need = fit.numa_required_bytes(pool_bytes, node, budget)
-            ok = need <= node.available_bytes
-            checks.append(
-                Check(
-                    f"numa_node{node.node}",
-                    Status.OK if ok else Status.FAIL,
-                    f"{node.ranks} rank(s) need {format_gb(need)}, node has "
-                    f"{format_gb(node.available_bytes)} free",
-                )
-            )
-        if not rules.check_divides_by_ranks and required > budget.budget_bytes:
-            checks.append(
-                Check(
-                    "sglang_check",
-                    Status.WARN,
-                    f"SGLang {rules.version} checks each rank against the whole host and would "
-                    "not catch this before pinning",
-                )
-            )
-    if plan.weight_loader_disable_mmap:
+            label, size = f"host KV pool {format_gb(pool_bytes)} × {local_ranks}", pools_total
+        terms.append(Term(label=label, bytes=-size))
+    return tuple(terms)
+
+
+def _memory_checks(
+    pool_bytes: int,
+    required: int,
+    local_ranks: int,
+    budget: fit.HostBudget,
+    numa: Sequence[fit.NumaLoad],
+    rules: SglangRules,
+) -> list[Check]:
+    """The whole host, every NUMA node, and whether SGLang's own check would catch a no-fit."""
+    allowed = budget.budget_bytes
+    if required <= allowed:
+        host = Check(
+            "host_memory", Status.OK, f"needs {format_gb(required)} of {format_gb(allowed)} budget"
+        )
+    else:
+        host = Check(
+            "host_memory",
+            Status.FAIL,
+            f"needs {format_gb(required)}, budget is {format_gb(allowed)} "
+            f"({local_ranks} ranks × {format_gb(pool_bytes)} host pool each)",
+        )
+    checks = [host]
+    for node in numa:
+        need = fit.numa_required_bytes(pool_bytes, node, budget)
         checks.append(
             Check(
-                "weight_loading",
-                Status.WARN,
-                f"--weight-loader-disable-mmap: every rank reads shards into anonymous memory, "
-                f"≈ {format_gb(budget.load_transient_bytes)} across {local_ranks} ranks "
-                "while loading",
+                f"numa_node{node.node}",
+                Status.OK if need <= node.available_bytes else Status.FAIL,
+                f"{node.ranks} rank(s) need {format_gb(need)}, node has "
+                f"{format_gb(node.available_bytes)} free",
             )
         )
+    if not rules.check_divides_by_ranks and required > allowed:
+        detail = (
+            f"SGLang {rules.version} checks each rank against the whole host and would not "
+            "catch this before pinning"
+        )
+        checks.append(Check("sglang_check", Status.WARN, detail))
+    return checks
+
+
+def assess_host(
+    *,
+    plan: LaunchPlan,
+    bytes_per_token: int,
+    indexer_bytes_per_token: int,
+    device_tokens: int | None,
+    budget: fit.HostBudget,
+    numa: Sequence[fit.NumaLoad],
+    rules: SglangRules,
+    cgroup_limited: bool,
+) -> HostAssessment:
+    """Size the host pool the way SGLang will and check it against the host and NUMA budgets."""
+    local_ranks = plan.local_ranks
+    pool = _pool(plan, bytes_per_token, indexer_bytes_per_token, device_tokens, budget, rules)
+    checks = list(pool.checks)
+    required = None
+    if pool.bytes_ is not None:
+        required = fit.required_host_bytes(pool.bytes_, local_ranks, budget)
+        checks += _memory_checks(pool.bytes_, required, local_ranks, budget, numa, rules)
+    if plan.weight_loader_disable_mmap:
+        detail = (
+            "--weight-loader-disable-mmap: every rank reads shards into anonymous memory, "
+            f"≈ {format_gb(budget.load_transient_bytes)} across {local_ranks} ranks while loading"
+        )
+        checks.append(Check("weight_loading", Status.WARN, detail))
+    page = plan.effective_page_size
     safe = fit.max_hicache_size_gb(
-        bytes_per_token=bpt,
-        indexer_bytes_per_token=idx,
-        page_size=plan.effective_page_size,
+        bytes_per_token=bytes_per_token,
+        indexer_bytes_per_token=indexer_bytes_per_token,
+        page_size=page,
         local_ranks=local_ranks,
         budget=budget,
         numa=numa,
     )
-    safe_tokens = fit.page_aligned_tokens(safe * GB // bpt, plan.effective_page_size) if safe else 0
     return HostAssessment(
-        mode=mode,
-        ratio=ratio,
-        pool_tokens=pool_tokens,
-        pool_bytes=pool_bytes,
+        mode=pool.mode,
+        ratio=pool.ratio,
+        pool_tokens=pool.tokens,
+        pool_bytes=pool.bytes_,
         required_bytes=required,
-        terms=tuple(terms),
+        terms=_terms(budget, local_ranks, pool.bytes_, cgroup_limited),
         checks=tuple(checks),
         max_hicache_size_gb=safe,
-        safe_host_tokens=safe_tokens,
+        safe_host_tokens=fit.page_aligned_tokens(safe * GB // bytes_per_token, page) if safe else 0,
     )

@@ -219,67 +219,68 @@ class FitReport:
     def render_table(self) -> str:
         """The human-readable report: the arithmetic term by term, the safe size, the checks."""
         lines = [f"sglang-supervisor preflight: {'FIT' if self.fits else 'NO FIT'}", ""]
-        add = lines.append
-        add(f"  model             {self.model}")
-        add(
+        lines += self._plan_lines()
+        lines += ["", "  host memory (GB = 1e9 bytes)", *self._arithmetic_lines(), ""]
+        lines += self._safe_size_lines()
+        lines += ["", "  checks"]
+        lines += [f"    {c.status.value:<5} {c.name:<14} {c.detail}" for c in self.checks]
+        return "\n".join(lines)
+
+    def _plan_lines(self) -> list[str]:
+        indexer = self.indexer_bytes_per_token_per_rank
+        lines = [
+            f"  model             {self.model}",
             f"  KV cell           {self.bytes_per_token_per_rank:,} B/token/rank "
             f"({self.attention}, {self.layers_per_rank} layers, {self.kv_cache_dtype})"
-            + (
-                f" + DSA indexer {self.indexer_bytes_per_token_per_rank:,} B"
-                if self.indexer_bytes_per_token_per_rank
-                else ""
-            )
-        )
-        add(f"  local ranks       {self.local_ranks} (each allocates its own host pool)")
+            + (f" + DSA indexer {indexer:,} B" if indexer else ""),
+            f"  local ranks       {self.local_ranks} (each allocates its own host pool)",
+        ]
         if self.device_tokens_per_rank is None:
-            add("  device KV         unknown (no GPU memory read or given)")
+            lines.append("  device KV         unknown (no GPU memory read or given)")
         else:
             gpu = format_gb(self.gpu_free_bytes) if self.gpu_free_bytes is not None else "?"
-            weights = (
-                format_gb(self.weights_per_rank_bytes)
-                if self.weights_per_rank_bytes is not None
-                else "unknown"
-            )
-            add(
+            weights = self.weights_per_rank_bytes
+            lines.append(
                 f"  device KV         {self.device_tokens_per_rank:,} tokens/rank "
-                f"((GPU free {gpu} × {self.mem_fraction_static} − weights {weights}) "
+                f"((GPU free {gpu} × {self.mem_fraction_static} − weights "
+                f"{format_gb(weights) if weights is not None else 'unknown'}) "
                 f"/ {self.bytes_per_token_per_rank:,} B)"
             )
+        lines.append(self._pool_line())
+        return lines
+
+    def _pool_line(self) -> str:
         mode = self.hicache_mode
         if mode == "off":
-            add("  host pool         HiCache off (--enable-hierarchical-cache not given)")
-        elif self.host_pool_bytes_per_rank is None:
-            add(f"  host pool         {mode} mode: cannot be sized (device pool unknown)")
-        else:
-            ratio = f", ratio {self.hicache_ratio:.3g}" if self.hicache_ratio is not None else ""
-            add(
-                f"  host pool         {format_gb(self.host_pool_bytes_per_rank)}/rank "
-                f"({self.host_pool_tokens_per_rank:,} tokens, {mode} mode{ratio})"
-            )
-        add("")
-        add("  host memory (GB = 1e9 bytes)")
+            return "  host pool         HiCache off (--enable-hierarchical-cache not given)"
+        if self.host_pool_bytes_per_rank is None:
+            return f"  host pool         {mode} mode: cannot be sized (device pool unknown)"
+        ratio = f", ratio {self.hicache_ratio:.3g}" if self.hicache_ratio is not None else ""
+        return (
+            f"  host pool         {format_gb(self.host_pool_bytes_per_rank)}/rank "
+            f"({self.host_pool_tokens_per_rank:,} tokens, {mode} mode{ratio})"
+        )
+
+    def _arithmetic_lines(self) -> list[str]:
         width = max([len(t.label) for t in self.terms] + [20])
+        lines = []
         for i, term in enumerate(self.terms):
             sign = " " if i == 0 else ("−" if term.bytes < 0 else "+")
-            add(f"    {sign} {term.label:<{width}} {abs(term.bytes) / GB:>12,.1f} GB")
+            lines.append(f"    {sign} {term.label:<{width}} {abs(term.bytes) / GB:>12,.1f} GB")
         left = sum(t.bytes for t in self.terms)
-        add(f"    = {'left after the launch':<{width}} {left / GB:>12,.1f} GB")
-        add("")
-        if self.max_hicache_size_gb > 0:
-            ratio_text = (
-                f", ≈ --hicache-ratio {self.equivalent_ratio:.2f}"
-                if self.equivalent_ratio is not None
-                else ""
-            )
-            add(f"  safe --hicache-size {self.max_hicache_size_gb} (GB per rank{ratio_text})")
-            add(
-                f"    buys {self.safe_host_tokens_per_rank:,} host tokens/rank ≈ "
-                f"{self.safe_concurrent_requests:,} requests of {self.avg_request_tokens:,} tokens"
-            )
-        else:
-            add("  safe --hicache-size: none, not even 1 GB per rank fits; leave HiCache off")
-        add("")
-        add("  checks")
-        for check in self.checks:
-            add(f"    {check.status.value:<5} {check.name:<14} {check.detail}")
-        return "\n".join(lines)
+        lines.append(f"    = {'left after the launch':<{width}} {left / GB:>12,.1f} GB")
+        return lines
+
+    def _safe_size_lines(self) -> list[str]:
+        if self.max_hicache_size_gb <= 0:
+            return ["  safe --hicache-size: none, not even 1 GB per rank fits; leave HiCache off"]
+        ratio_text = (
+            f", ≈ --hicache-ratio {self.equivalent_ratio:.2f}"
+            if self.equivalent_ratio is not None
+            else ""
+        )
+        return [
+            f"  safe --hicache-size {self.max_hicache_size_gb} (GB per rank{ratio_text})",
+            f"    buys {self.safe_host_tokens_per_rank:,} host tokens/rank ≈ "
+            f"{self.safe_concurrent_requests:,} requests of {self.avg_request_tokens:,} tokens",
+        ]

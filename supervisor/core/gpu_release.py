@@ -222,21 +222,33 @@ def decide_release(
         return ReleaseDecision(
             action=ReleaseAction.WAIT, reason=f"waiting for release: {_summary(dirty)}"
         )
-    unknown = [c for c in dirty if c.condition is GpuCondition.UNKNOWN]
-    if unknown:
+    held = _after_timeout(dirty, elapsed_s, timeout_s, d_state_grace_s)
+    if held is not None:
+        return held
+    # Only RELEASING is left: memory held with no live process.
+    return _reset_step(dirty, elapsed_s, timeout_s, reset_available, reset_at_s, reset_settle_s)
+
+
+def _after_timeout(
+    dirty: Sequence[GpuCheck], elapsed_s: float, timeout_s: float, d_state_grace_s: float
+) -> ReleaseDecision | None:
+    """Past the timeout: unknown, surviving, D-state and foreign holders; None for RELEASING."""
+
+    def having(condition: GpuCondition) -> list[GpuCheck]:
+        return [c for c in dirty if c.condition is condition]
+
+    if unknown := having(GpuCondition.UNKNOWN):
         return ReleaseDecision(
             action=ReleaseAction.GIVE_UP,
             reason=f"GPU state unknown after {timeout_s:g} s (NVML hung or GPU missing): "
             + ", ".join(str(c.index) for c in unknown),
         )
-    survivors = [c for c in dirty if c.condition is GpuCondition.HELD_BY_OURS]
-    if survivors:
+    if survivors := having(GpuCondition.HELD_BY_OURS):
         return ReleaseDecision(
             action=ReleaseAction.GIVE_UP,
             reason=f"processes survived SIGKILL: {_summary(survivors)}",
         )
-    d_held = [c for c in dirty if c.condition is GpuCondition.HELD_D_STATE]
-    if d_held:
+    if d_held := having(GpuCondition.HELD_D_STATE):
         if elapsed_s < timeout_s + d_state_grace_s:
             return ReleaseDecision(
                 action=ReleaseAction.WAIT,
@@ -246,13 +258,23 @@ def decide_release(
             action=ReleaseAction.GIVE_UP,
             reason=f"still in D state after {timeout_s + d_state_grace_s:g} s: " + _summary(d_held),
         )
-    foreign = [c for c in dirty if c.condition is GpuCondition.HELD_FOREIGN]
-    if foreign:
+    if foreign := having(GpuCondition.HELD_FOREIGN):
         return ReleaseDecision(
             action=ReleaseAction.GIVE_UP,
             reason=f"foreign processes hold target GPUs: {_summary(foreign)}",
         )
-    # Only RELEASING is left: memory held with no live process.
+    return None
+
+
+def _reset_step(
+    dirty: Sequence[GpuCheck],
+    elapsed_s: float,
+    timeout_s: float,
+    reset_available: bool,
+    reset_at_s: Mapping[int, float],
+    reset_settle_s: float,
+) -> ReleaseDecision:
+    """Memory held with no live process: reset each GPU once, let it settle, then judge."""
     if not reset_available:
         return ReleaseDecision(
             action=ReleaseAction.GIVE_UP,

@@ -196,6 +196,125 @@ def _fmt_gb(n: float) -> str:
     return f"{n / GB:.2f} GB"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Tick:
+    """One tick's numbers, resolved: levels in bytes, rates, the interval and horizon."""
+
+    now: Reading
+    limits: Limits
+    base: int
+    warn_b: int
+    term_b: int
+    kill_b: int
+    drop: float
+    growth: float
+    interval: float
+    horizon: float
+
+    def out(self, verdict: Verdict, reason: str, streak: int, predicted: bool = False) -> Decision:
+        return Decision(
+            verdict=verdict,
+            reason=reason,
+            streak=streak,
+            next_interval_s=self.interval,
+            predicted=predicted,
+            base_bytes=self.base,
+            warn_bytes=self.warn_b,
+            terminate_bytes=self.term_b,
+            kill_bytes=self.kill_b,
+            available_drop_bytes_per_s=self.drop,
+            tree_growth_bytes_per_s=self.growth,
+        )
+
+
+def _tick(history: Sequence[Reading], limits: Limits) -> _Tick:
+    now = history[-1]
+    base = now.available_bytes + now.tree_charged_bytes
+    kill_b = limits.kill.resolve(base)
+    drop, growth = growth_rates(history, limits.trend_window_s)
+    headrooms = [now.available_bytes - kill_b]
+    if limits.tree_kill_bytes is not None:
+        headrooms.append(limits.tree_kill_bytes - now.tree_charged_bytes)
+    ramp = max(limits.worst_ramp_bytes_per_s, drop, growth)
+    interval = next_interval_s(min(headrooms), ramp, limits.min_interval_s, limits.max_interval_s)
+    return _Tick(
+        now=now,
+        limits=limits,
+        base=base,
+        warn_b=limits.warn.resolve(base),
+        term_b=limits.terminate.resolve(base),
+        kill_b=kill_b,
+        drop=drop,
+        growth=growth,
+        interval=interval,
+        horizon=interval + limits.reaction_s,
+    )
+
+
+def _crossed(t: _Tick, streak: int) -> Decision | None:
+    """KILL for a line already crossed: host headroom, or the tree's budget plus margin."""
+    avail, tree, kill_b = t.now.available_bytes, t.now.tree_charged_bytes, t.kill_b
+    if avail <= kill_b:
+        reason = (
+            f"host memory available {_fmt_gb(avail)} at or below the kill level {_fmt_gb(kill_b)}"
+        )
+        return t.out(Verdict.KILL, reason, streak)
+    tree_kill = t.limits.tree_kill_bytes
+    if tree_kill is not None and tree >= tree_kill:
+        reason = (
+            f"server tree uses {_fmt_gb(tree)} (RssAnon+RssShmem), at or above its budget plus "
+            f"margin {_fmt_gb(tree_kill)}"
+        )
+        return t.out(Verdict.KILL, reason, streak)
+    return None
+
+
+def _predicted(t: _Tick, streak: int) -> Decision | None:
+    """KILL when the trend would cross a kill line before the next tick."""
+    avail, tree, limits = t.now.available_bytes, t.now.tree_charged_bytes, t.limits
+    if t.drop > 0 and avail - projected_drop(t.drop, t.growth, t.horizon, tree, limits) <= t.kill_b:
+        reason = (
+            f"host memory falls {_fmt_gb(t.drop)}/s: {_fmt_gb(avail)} available would cross the "
+            f"kill level {_fmt_gb(t.kill_b)} within {t.horizon * 1000:.0f} ms, before the next tick"
+        )
+        return t.out(Verdict.KILL, reason, streak, predicted=True)
+    # Below the pre-flight's expected total, fast tree growth is the load itself (pools are
+    # pinned at GB/s): only growth past the expected total is projected onto the kill line.
+    tree_kill = limits.tree_kill_bytes
+    if (
+        tree_kill is not None
+        and t.growth > 0
+        and (limits.tree_budget_bytes is None or tree > limits.tree_budget_bytes)
+        and tree + t.growth * t.horizon >= tree_kill
+    ):
+        reason = (
+            f"server tree grows {_fmt_gb(t.growth)}/s: {_fmt_gb(tree)} would cross its budget "
+            f"plus margin {_fmt_gb(tree_kill)} within {t.horizon * 1000:.0f} ms"
+        )
+        return t.out(Verdict.KILL, reason, streak, predicted=True)
+    return None
+
+
+def _warn_breaches(t: _Tick) -> list[str]:
+    """The WARN-level conditions this tick (host headroom, tree over budget, PSI full)."""
+    now, limits = t.now, t.limits
+    breaches = []
+    if now.available_bytes <= t.warn_b:
+        breaches.append(
+            f"host memory available {_fmt_gb(now.available_bytes)} at or below the warn level "
+            f"{_fmt_gb(t.warn_b)}"
+        )
+    if limits.tree_budget_bytes is not None and now.tree_charged_bytes > limits.tree_budget_bytes:
+        breaches.append(
+            f"server tree uses {_fmt_gb(now.tree_charged_bytes)}, above the pre-flight's expected "
+            f"{_fmt_gb(limits.tree_budget_bytes)}"
+        )
+    psi_limit = limits.psi_full_warn_percent
+    if psi_limit is not None and now.psi_full_avg10 is not None and now.psi_full_avg10 >= psi_limit:
+        breaches.append(f"memory pressure full avg10 {now.psi_full_avg10:.1f} % >= {psi_limit:g} %")
+    return breaches
+
+
 def decide(
     history: Sequence[Reading],
     limits: Limits,
@@ -206,111 +325,26 @@ def decide(
     """Decide on the newest reading of `history` (oldest first; at least one reading).
 
     `streak` is the previous Decision's streak; `terminated_at_s` the time SIGTERM was sent
-    (None when not terminating), so an expired grace escalates to KILL.
+    (None when not terminating), so an expired grace escalates to KILL. The rules are tried in
+    the order of the module docstring's diagram; the first that fires decides.
     """
-    now = history[-1]
-    base = now.available_bytes + now.tree_charged_bytes
-    warn_b = limits.warn.resolve(base)
-    term_b = limits.terminate.resolve(base)
-    kill_b = limits.kill.resolve(base)
-    drop, growth = growth_rates(history, limits.trend_window_s)
-
-    headrooms = [now.available_bytes - kill_b]
-    if limits.tree_kill_bytes is not None:
-        headrooms.append(limits.tree_kill_bytes - now.tree_charged_bytes)
-    ramp = max(limits.worst_ramp_bytes_per_s, drop, growth)
-    interval = next_interval_s(min(headrooms), ramp, limits.min_interval_s, limits.max_interval_s)
-    horizon = interval + limits.reaction_s
-
-    def out(verdict: Verdict, reason: str, new_streak: int, predicted: bool = False) -> Decision:
-        return Decision(
-            verdict=verdict,
-            reason=reason,
-            streak=new_streak,
-            next_interval_s=interval,
-            predicted=predicted,
-            base_bytes=base,
-            warn_bytes=warn_b,
-            terminate_bytes=term_b,
-            kill_bytes=kill_b,
-            available_drop_bytes_per_s=drop,
-            tree_growth_bytes_per_s=growth,
+    t = _tick(history, limits)
+    kill = _crossed(t, streak) or _predicted(t, streak)
+    if kill is not None:
+        return kill
+    if terminated_at_s is not None and t.now.t_s - terminated_at_s >= limits.terminate_grace_s:
+        reason = f"SIGTERM grace of {limits.terminate_grace_s:g} s expired with memory still short"
+        return t.out(Verdict.KILL, reason, streak)
+    if t.now.available_bytes <= t.term_b:
+        reason = (
+            f"host memory available {_fmt_gb(t.now.available_bytes)} at or below the terminate "
+            f"level {_fmt_gb(t.term_b)}"
         )
-
-    avail = now.available_bytes
-    tree = now.tree_charged_bytes
-    if avail <= kill_b:
-        return out(
-            Verdict.KILL,
-            f"host memory available {_fmt_gb(avail)} at or below the kill level {_fmt_gb(kill_b)}",
-            streak,
-        )
-    if limits.tree_kill_bytes is not None and tree >= limits.tree_kill_bytes:
-        return out(
-            Verdict.KILL,
-            f"server tree uses {_fmt_gb(tree)} (RssAnon+RssShmem), at or above its budget plus "
-            f"margin {_fmt_gb(limits.tree_kill_bytes)}",
-            streak,
-        )
-    if drop > 0 and avail - projected_drop(drop, growth, horizon, tree, limits) <= kill_b:
-        return out(
-            Verdict.KILL,
-            f"host memory falls {_fmt_gb(drop)}/s: {_fmt_gb(avail)} available would cross the "
-            f"kill level {_fmt_gb(kill_b)} within {horizon * 1000:.0f} ms, before the next tick",
-            streak,
-            predicted=True,
-        )
-    # Below the pre-flight's expected total, fast tree growth is the load itself (pools are
-    # pinned at GB/s): only growth past the expected total is projected onto the kill line.
-    if (
-        limits.tree_kill_bytes is not None
-        and growth > 0
-        and (limits.tree_budget_bytes is None or tree > limits.tree_budget_bytes)
-        and tree + growth * horizon >= limits.tree_kill_bytes
-    ):
-        return out(
-            Verdict.KILL,
-            f"server tree grows {_fmt_gb(growth)}/s: {_fmt_gb(tree)} would cross its budget plus "
-            f"margin {_fmt_gb(limits.tree_kill_bytes)} within {horizon * 1000:.0f} ms",
-            streak,
-            predicted=True,
-        )
-    if terminated_at_s is not None and now.t_s - terminated_at_s >= limits.terminate_grace_s:
-        return out(
-            Verdict.KILL,
-            f"SIGTERM grace of {limits.terminate_grace_s:g} s expired with memory still short",
-            streak,
-        )
-    if avail <= term_b:
-        return out(
-            Verdict.TERMINATE,
-            f"host memory available {_fmt_gb(avail)} at or below the terminate level "
-            f"{_fmt_gb(term_b)}",
-            streak,
-        )
-    breaches = []
-    if avail <= warn_b:
-        breaches.append(
-            f"host memory available {_fmt_gb(avail)} at or below the warn level {_fmt_gb(warn_b)}"
-        )
-    if limits.tree_budget_bytes is not None and tree > limits.tree_budget_bytes:
-        breaches.append(
-            f"server tree uses {_fmt_gb(tree)}, above the pre-flight's expected "
-            f"{_fmt_gb(limits.tree_budget_bytes)}"
-        )
-    if (
-        limits.psi_full_warn_percent is not None
-        and now.psi_full_avg10 is not None
-        and now.psi_full_avg10 >= limits.psi_full_warn_percent
-    ):
-        breaches.append(
-            f"memory pressure full avg10 {now.psi_full_avg10:.1f} % >= "
-            f"{limits.psi_full_warn_percent:g} %"
-        )
+        return t.out(Verdict.TERMINATE, reason, streak)
+    breaches = _warn_breaches(t)
     if not breaches:
-        return out(Verdict.OK, "memory within limits", 0)
+        return t.out(Verdict.OK, "memory within limits", 0)
     new_streak = streak + 1
     reason = "; ".join(breaches) + f" ({new_streak} consecutive ticks)"
-    if new_streak >= limits.warn_ticks:
-        return out(Verdict.WARN, reason, new_streak)
-    return out(Verdict.OK, reason, new_streak)
+    verdict = Verdict.WARN if new_streak >= limits.warn_ticks else Verdict.OK
+    return t.out(verdict, reason, new_streak)

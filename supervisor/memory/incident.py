@@ -6,25 +6,32 @@ Never holds secrets: log lines pass through the caller's redaction and a last re
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.atomic_file import write_text_atomic
 from supervisor.core.policy import Decision, Limits, Reading
+from supervisor.core.ports import Clock
 from supervisor.core.readings import GpuState, ProcessInfo
 from supervisor.core.redact import redact_line
 
 log = structlog.get_logger("supervisor.incident")
 
 TOP_PROCESSES = 10
+
+
+def utc(wall_s: float, fmt: str = "%Y-%m-%dT%H:%M:%SZ") -> str:
+    """A wall-clock time as UTC text (ISO 8601 by default)."""
+    return datetime.datetime.fromtimestamp(wall_s, tz=datetime.timezone.utc).strftime(fmt)
 
 
 def _read_text(path: Path) -> str | None:
@@ -120,21 +127,29 @@ def memory_report(
 class Incident:
     """One incident file; `record_next` appends what happened afterwards and rewrites it."""
 
-    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+    def __init__(self, path: Path, data: dict[str, Any], clock: Clock) -> None:
         self.path = path
         self.data = data
+        self.clock = clock
         self._lock = threading.Lock()
 
     @classmethod
     def create(
-        cls, state_dir: Path, kind: str, summary: str, details: Mapping[str, Any]
+        cls,
+        state_dir: Path,
+        kind: str,
+        summary: str,
+        details: Mapping[str, Any],
+        clock: Clock | None = None,
     ) -> Incident | None:
         """Write a new incident; None (logged) when the state directory is not writable."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        clock = clock or SystemClock()
+        now = clock.wall()
+        stamp = utc(now, "%Y%m%dT%H%M%SZ")
         data: dict[str, Any] = {
             "kind": kind,
             "summary": summary,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "created_at": utc(now),
             **details,
             "next": [],
         }
@@ -144,7 +159,7 @@ class Incident:
                 dir=state_dir, prefix=f"incident-{stamp}-{kind}-", suffix=".json"
             )
             os.close(fd)
-            incident = cls(Path(name), data)
+            incident = cls(Path(name), data, clock)
             incident._write()
         except OSError as exc:
             log.error("incident_not_written", kind=kind, summary=summary, error=str(exc))
@@ -155,7 +170,7 @@ class Incident:
     def record_next(self, step: str, **data: Any) -> None:
         """Append a later step (`tree_gone`, `gpu_release`, `relaunch`, ...) with its data."""
         with self._lock:
-            entry = {"step": step, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            entry = {"step": step, "at": utc(self.clock.wall())}
             self.data["next"].append({**entry, **data})
             try:
                 self._write()

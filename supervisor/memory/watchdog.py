@@ -303,7 +303,7 @@ class MemoryWatchdog:
         )
         details["run_id"] = self.run_id
         details["server_pid"] = self.server.pid
-        return Incident.create(self.state_dir, kind, decision.reason, details)
+        return Incident.create(self.state_dir, kind, decision.reason, details, self.clock)
 
     def _after_kill(self) -> None:
         """Watch the killed tree disappear, for the incident's "what happened next"."""

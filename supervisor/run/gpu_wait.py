@@ -30,12 +30,26 @@ from supervisor.run.state import StateStore
 
 log = structlog.get_logger("supervisor.gpu_wait")
 
-# Ollama polls free VRAM every 250 ms after an unload (docs/peers.md); fast enough to relaunch
-# promptly, cheap enough for an NVML worker.
-DEFAULT_POLL_INTERVAL_S = 0.25
-DEFAULT_RELEASE_TIMEOUT_S = 120.0
-DEFAULT_TOLERANCE_BYTES = 1 * GiB
-DEFAULT_RESET_SETTLE_S = 5.0
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseLimits:
+    """How long and how closely the release wait looks ([gpu] settings, defaults in config)."""
+
+    timeout_s: float = 120.0  # 243 GB pinned takes ~26 s to unpin (sgl-project/sglang #32829)
+    d_state_grace_s: float = 120.0  # more for holders stuck in D state
+    tolerance_bytes: int = 1 * GiB  # used memory this close to the baseline counts as free
+    reset_settle_s: float = 5.0  # after a reset, the GPU must be clean this soon
+    # Ollama polls free VRAM every 250 ms after an unload (docs/peers.md): prompt enough to
+    # relaunch, cheap enough for an NVML worker.
+    poll_interval_s: float = 0.25
+
+    @classmethod
+    def from_config(cls, gpu: GpuConfig) -> ReleaseLimits:
+        return cls(
+            timeout_s=gpu.release_timeout_s,
+            d_state_grace_s=gpu.d_state_grace_s,
+            tolerance_bytes=gpu.release_tolerance_bytes,
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +160,27 @@ def _reset(
             log.error("gpu_reset_failed", gpu=check.index, detail=outcome.detail)
 
 
+def _judge(
+    gpus: Sequence[GpuState] | None,
+    targets: Sequence[int],
+    known_ours: frozenset[int],
+    holders: Holders,
+    baselines: Mapping[str, int],
+    tolerance_bytes: int,
+) -> tuple[GpuCheck, ...]:
+    """Each target GPU judged: whose the listed processes are, their states, the memory."""
+    listed = listed_pids(gpus, targets)
+    ours = known_ours | {pid for pid in listed - known_ours if holders.is_ours(pid)}
+    return assess_gpus(
+        gpus,
+        targets,
+        ours=ours,
+        states={pid: holders.state(pid) for pid in listed},
+        baselines=baselines,
+        tolerance_bytes=tolerance_bytes,
+    )
+
+
 def wait_for_gpu_release(
     sensor: GpuSensor,
     gpu_indices: Sequence[int],
@@ -154,20 +189,17 @@ def wait_for_gpu_release(
     clock: Clock,
     holders: Holders,
     baselines: Mapping[str, int] | None = None,
-    tolerance_bytes: int = DEFAULT_TOLERANCE_BYTES,
     resetter: GpuResetter | None = None,
-    timeout_s: float = DEFAULT_RELEASE_TIMEOUT_S,
-    d_state_grace_s: float = DEFAULT_RELEASE_TIMEOUT_S,
-    reset_settle_s: float = DEFAULT_RESET_SETTLE_S,
-    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
+    limits: ReleaseLimits | None = None,
 ) -> ReleaseResult:
     """Block until no target GPU lists a process of the old run and used memory is back near the
     baseline, killing live holders of ours, waiting for D-state ones, resetting memory held with
-    no process; give up after `timeout_s` (+ `d_state_grace_s` for D-state holders).
+    no process; give up after the limits' timeout (+ the D-state grace for D-state holders).
 
     `holders` judges the listed PIDs that are not in `old_pids`, reads their state and kills.
     Returns a ReleaseResult; `ok` False: the GPUs must not be used (raise_if_unrecoverable).
     """
+    lim = limits or ReleaseLimits()
     started = clock.monotonic()
     targets = tuple(gpu_indices)
     known_ours = frozenset(old_pids)
@@ -180,27 +212,18 @@ def wait_for_gpu_release(
         if gpus is not None and len(gpus) == 0:
             # No GPU visible at all (a box without GPUs): nothing can be held.
             return ReleaseResult(ok=True, reason="no GPUs visible", elapsed_s=elapsed)
-        listed = listed_pids(gpus, targets)
-        ours = known_ours | {pid for pid in listed - known_ours if holders.is_ours(pid)}
-        checks = assess_gpus(
-            gpus,
-            targets,
-            ours=ours,
-            states={pid: holders.state(pid) for pid in listed},
-            baselines=baselines or {},
-            tolerance_bytes=tolerance_bytes,
-        )
+        checks = _judge(gpus, targets, known_ours, holders, baselines or {}, lim.tolerance_bytes)
         wait.d_seen.update(pid for c in checks for pid in c.d_state)
         decision = decide_release(
             checks,
             elapsed_s=elapsed,
-            timeout_s=timeout_s,
-            d_state_grace_s=d_state_grace_s,
+            timeout_s=lim.timeout_s,
+            d_state_grace_s=lim.d_state_grace_s,
             killed_pids=frozenset(wait.killed),
             reset_available=resetter is not None,
             reset_at_s=wait.reset_at,
             reset_failed=wait.reset_failed,
-            reset_settle_s=reset_settle_s,
+            reset_settle_s=lim.reset_settle_s,
         )
         if decision.action is ReleaseAction.DONE:
             log.info("gpu_release_done", elapsed_s=round(elapsed, 3), gpus=list(targets))
@@ -216,7 +239,7 @@ def wait_for_gpu_release(
             if decision.reason != wait.last_reason:
                 log.info("gpu_release_waiting", elapsed_s=round(elapsed, 3), reason=decision.reason)
                 wait.last_reason = decision.reason
-            clock.sleep(poll_interval_s)
+            clock.sleep(lim.poll_interval_s)
 
 
 def holders_of(processes: Processes, instance: str) -> Holders:
@@ -312,10 +335,8 @@ class GpuRelease:
             clock=clock,
             holders=holders_of(self.processes, self.instance),
             baselines=self.baselines,
-            tolerance_bytes=self.gpu.release_tolerance_bytes,
             resetter=self.resetter,
-            timeout_s=self.gpu.release_timeout_s,
-            d_state_grace_s=self.gpu.d_state_grace_s,
+            limits=ReleaseLimits.from_config(self.gpu),
         )
         for hook in self.hooks:
             hook(result)

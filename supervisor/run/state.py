@@ -14,14 +14,15 @@ import json
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.atomic_file import write_text_atomic
+from supervisor.core.ports import Clock
 from supervisor.errors import ConfigError
 
 log = structlog.get_logger("supervisor.state")
@@ -88,8 +89,9 @@ def default_state_dir(instance: str) -> Path:
 class StateStore:
     """Reads and atomically rewrites the state file; `update` is safe across threads."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, clock: Clock | None = None) -> None:
         self.dir = state_dir
+        self.clock = clock or SystemClock()
         self.path = state_dir / STATE_FILE
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
@@ -151,7 +153,7 @@ class StateStore:
         try:
             return RunState.from_json(json.loads(text))
         except (ValueError, TypeError, KeyError) as exc:
-            kept = self.path.with_name(f"{STATE_FILE}.corrupt-{int(time.time())}")
+            kept = self.path.with_name(f"{STATE_FILE}.corrupt-{int(self.clock.wall())}")
             try:
                 os.replace(self.path, kept)
             except OSError:
@@ -170,7 +172,7 @@ class StateStore:
             self._save(state)
 
     def _save(self, state: RunState) -> None:
-        state = dataclasses.replace(state, updated_at=time.time())
+        state = dataclasses.replace(state, updated_at=self.clock.wall())
         payload = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
         write_text_atomic(self.path, payload)
 

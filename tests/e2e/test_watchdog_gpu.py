@@ -24,6 +24,7 @@ from supervisor.errors import ExitCode, GpuUnrecoverable
 from supervisor.memory.watchdog import MemoryWatchdog
 from supervisor.run.gpu_wait import (
     Holders,
+    ReleaseLimits,
     ReleaseResult,
     measure_baselines,
     raise_if_unrecoverable,
@@ -60,7 +61,9 @@ def _kill_and_release(
         clock=SystemClock(),
         holders=holders or system_holders(),
         baselines=baselines,
-        timeout_s=timeout_s,
+        limits=ReleaseLimits(
+            timeout_s=timeout_s, reset_settle_s=0.5, d_state_grace_s=timeout_s, poll_interval_s=0.05
+        ),
         resetter=(
             CommandGpuResetter(
                 reset_command,
@@ -70,9 +73,6 @@ def _kill_and_release(
             if reset_command
             else None
         ),
-        reset_settle_s=0.5,
-        d_state_grace_s=timeout_s,
-        poll_interval_s=0.05,
     )
 
 
@@ -168,8 +168,7 @@ def test_an_orphan_holding_a_gpu_is_found_and_killed(
             clock=SystemClock(),
             holders=system_holders(),
             baselines=baselines,
-            timeout_s=20,
-            poll_interval_s=0.05,
+            limits=ReleaseLimits(timeout_s=20, poll_interval_s=0.05),
         )
     assert result.ok, result.reason
     assert orphan in result.killed_pids

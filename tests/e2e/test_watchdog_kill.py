@@ -14,7 +14,7 @@ from supervisor.adapters.clock import SystemClock
 from supervisor.core.events import MemoryAction, WatchdogEvent
 from supervisor.core.readings import ProcessInfo
 from supervisor.memory.watchdog import MemoryWatchdog
-from supervisor.run.gpu_wait import measure_baselines, wait_for_gpu_release
+from supervisor.run.gpu_wait import ReleaseLimits, measure_baselines, wait_for_gpu_release
 from tests.e2e.watchdog_support import launched, sim_sensor, system_holders, tree_limits
 from tests.waiting import wait_until
 
@@ -86,7 +86,7 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
                 clock=SystemClock(),
                 holders=system_holders(),
                 baselines=baselines,
-                timeout_s=20,
+                limits=ReleaseLimits(timeout_s=20),
             )
             assert result.ok, result.reason
             assert result.reset_gpus == ()

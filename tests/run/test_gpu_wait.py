@@ -12,6 +12,7 @@ from supervisor.errors import ExitCode, GpuUnrecoverable
 from supervisor.run.gpu_wait import (
     GpuRelease,
     Holders,
+    ReleaseLimits,
     ReleaseResult,
     measure_baselines,
     raise_if_unrecoverable,
@@ -45,11 +46,9 @@ def run(
         [0, 1],
         old_pids,
         clock=clock,
-        timeout_s=120.0,
         baselines={"GPU-0": 0, "GPU-1": 0},
-        tolerance_bytes=GB // 2,
         resetter=resetter,
-        d_state_grace_s=60.0,
+        limits=ReleaseLimits(timeout_s=120.0, tolerance_bytes=GB // 2, d_state_grace_s=60.0),
         holders=Holders(
             is_ours=lambda pid: False,
             state=lambda pid: known.get(pid),
@@ -169,7 +168,7 @@ def test_no_visible_gpus_or_no_targets_means_nothing_to_wait_for():
     assert run(ScriptedGpus(clock, lambda t: ()), clock).ok
     nobody = Holders(is_ours=lambda pid: False, state=lambda pid: None, kill=lambda pid: False)
     assert wait_for_gpu_release(
-        ScriptedGpus(clock, lambda t: None), [], [1], clock=clock, holders=nobody, timeout_s=1.0
+        ScriptedGpus(clock, lambda t: None), [], [1], clock=clock, holders=nobody
     ).ok
 
 

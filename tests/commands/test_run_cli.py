@@ -113,7 +113,7 @@ def test_command_line_overrides_the_config_file_and_unset_options_keep_it():
 
 
 def test_example_config_shows_every_run_key_with_its_default():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     example = root / "configs" / "run-example.toml"
     keys = set(read_toml(example)["run"])
     assert keys == {f.removesuffix("_s") for f in RunConfig.__dataclass_fields__}
