@@ -106,6 +106,14 @@ def size_mode_pool_bytes(
     return tokens * (bytes_per_token + indexer_bytes_per_token)
 
 
+def prefill_graph_sizes(max_tokens: int) -> int:
+    """How many prefill CUDA graphs SGLang captures up to `max_tokens` (cuda_graph_hook.py):
+    every 4 tokens to 32, 16 to 256, 32 to 512, 64 to 1024, 256 to 4096, then 512."""
+    steps = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256))
+    count = sum(len(range(lo, min(hi, max_tokens) + 1, step)) for lo, hi, step in steps)
+    return count + len(range(4608, max_tokens + 1, 512))
+
+
 def auto_mem_fraction_static(gpu_total_bytes: int, plan: LaunchPlan, *, mla: bool) -> float:
     """SGLang's automatic `--mem-fraction-static` for the smallest visible GPU (sglang.md §1.4)."""
     gpu_mb = gpu_total_bytes / MiB
@@ -128,8 +136,8 @@ def auto_mem_fraction_static(gpu_total_bytes: int, plan: LaunchPlan, *, mla: boo
     graph_mb = 2.0 * max_bs
     if attn_dp > 1:
         graph_mb += 3 * max_bs * attn_dp + (1.5 * max_bs * attn_dp if max_bs > 300 else 0)
-    # Prefill CUDA graphs: 8 MB per bucket, 58 buckets at chunk 8192 (non-MLA); 1.5 GB for MLA.
-    graph_mb += 1536 if mla else 8 * 58
+    # Prefill CUDA graphs: 8 MB per captured size up to the chunk (non-MLA); 1.5 GB for MLA.
+    graph_mb += 1536 if mla else 8 * prefill_graph_sizes(chunked)
     reserved_mb = 512 + 1.5 * activation_tokens + (plan.tp_size * plan.pp_size / 8) * 1024
     reserved_mb += graph_mb
     if gpu_gib > 60:

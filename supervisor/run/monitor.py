@@ -24,8 +24,10 @@ from supervisor.core.lifecycle import (
 from supervisor.core.liveness import RankProblem, judge_ranks
 from supervisor.core.ports import Clock, LaunchedServer
 from supervisor.core.readings import GpuState, ProcessInfo
+from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.units import MiB
 from supervisor.run.death import Death
+from supervisor.run.plugins import RunnerIO
 
 # Memory counts as load progress only when it passes the previous peak by this much: a loading
 # rank grows by GBs, an idle Python process wobbles by a few MiB.
@@ -185,3 +187,24 @@ class LaunchMonitor:
 def gpu_used_on(gpus: tuple[GpuState, ...] | None, indices: tuple[int, ...]) -> int:
     wanted = set(indices)
     return sum(g.used_bytes for g in gpus or () if g.index in wanted)
+
+
+def monitor_for(
+    server: LaunchedServer, io: RunnerIO, run: RunConfig, plan: LaunchPlan
+) -> LaunchMonitor:
+    """The monitor of one launch, wired to the runner's probe, GPUs and executor."""
+    sensor = io.sensor
+    make_executor = io.probe_executor
+    return LaunchMonitor(
+        server,
+        run=run,
+        expected_ranks=plan.local_ranks,
+        probe=io.probe_factory(plan),
+        clock=io.clock,
+        gpu_used_bytes=(
+            (lambda: gpu_used_on(sensor.read_gpus(), plan.local_gpu_ids()))
+            if sensor is not None
+            else None
+        ),
+        executor=make_executor() if make_executor is not None else None,
+    )

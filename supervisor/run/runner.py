@@ -45,7 +45,7 @@ from supervisor.run.death import Death, DeathReport, kill_and_classify, wait_tre
 from supervisor.run.events import EventClock, StopRequested
 from supervisor.run.gpu_wait import GpuRelease
 from supervisor.run.leftovers import clean_leftovers
-from supervisor.run.monitor import LaunchMonitor, gpu_used_on
+from supervisor.run.monitor import LaunchMonitor, monitor_for
 from supervisor.run.plugins import Component, LaunchInfo, Plugins, RunnerIO
 from supervisor.run.state import StateStore
 
@@ -125,6 +125,8 @@ class Runner:
         except StopRequested as stop:
             self.stopped_while_waiting(stop.event.name)
             return 0
+        finally:
+            structlog.contextvars.unbind_contextvars("run_id", "server_pid")
 
     def supervise_once(self) -> DeathReport | None:
         """One launch, watched until it dies (the report) or a stop signal (None)."""
@@ -136,7 +138,7 @@ class Runner:
             info = LaunchInfo(
                 run_id=self.run_id, argv=argv, plan=parse_launch_args(argv), fit=self.fit
             )
-            monitor = self._monitor(server)
+            monitor = monitor_for(server, self.io, self.run_cfg, self.plan)
             oom_kills_at_launch = self.io.processes.oom_kill_count()
             for factory in self.plugins.components:
                 if (component := factory(server, self.events.put, info)) is not None:
@@ -370,23 +372,6 @@ class Runner:
         kv.setdefault("restart_count", self.budget.total_restarts)
         getattr(log, level)(event_name or new.value, **kv)
         self.notifier.status(self._status_line())
-
-    def _monitor(self, server: LaunchedServer) -> LaunchMonitor:
-        sensor = self.io.sensor
-        make_executor = self.io.probe_executor
-        return LaunchMonitor(
-            server,
-            run=self.run_cfg,
-            expected_ranks=self.plan.local_ranks,
-            probe=self.io.probe_factory(self.plan),
-            clock=self.clock,
-            gpu_used_bytes=(
-                (lambda: gpu_used_on(sensor.read_gpus(), self.plan.local_gpu_ids()))
-                if sensor is not None
-                else None
-            ),
-            executor=make_executor() if make_executor is not None else None,
-        )
 
     def _feed_watchdog(self) -> None:
         interval = self.notifier.watchdog_interval_s

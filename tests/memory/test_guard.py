@@ -4,18 +4,24 @@ followed to its end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from supervisor.config import RunSettings, SupervisorConfig, WatchdogConfig
 from supervisor.core.checks import FitReport
 from supervisor.core.classify import Classification, FailureKind
+from supervisor.core.sglang_args import parse_launch_args
 from supervisor.memory.guard import MemoryGuard, limits_from_config
 from supervisor.memory.incident import Incident
 from supervisor.run.death import DeathReport
+from supervisor.run.gpu_wait import ReleaseResult
+from supervisor.run.plugins import LaunchInfo
 from supervisor.run.state import StateStore
+from tests.fakes import FakeServer
 
 GB = 10**9
 GiB = 2**30
@@ -149,3 +155,55 @@ def test_a_ratio_pool_without_a_report_is_not_shrunk(tmp_path: Path):
     ratio_argv = ("--model-path", "m", "--tp-size", "8", "--enable-hicache", "--hicache-ratio", "2")
     guard.on_death(_report(store, FailureKind.MEMORY_KILL, ratio_argv, fit=None))
     assert store.load().hicache_size_override_gb is None
+
+
+def test_one_watchdog_per_launch_budgeted_from_that_launch_s_report(tmp_path: Path):
+    guard, _store = _protection(tmp_path)
+    server = FakeServer(1000, "r1", ranks=2)
+    info = LaunchInfo(run_id="r1", argv=ARGV, plan=parse_launch_args(ARGV), fit=_fit(10 * GB))
+    with capture_logs() as logs:
+        dog = guard.watchdog_for(server, lambda event: None, info)
+    assert dog is not None
+    assert dog.limits.tree_budget_bytes is None  # this report has no expected total
+    limits_event = next(e for e in logs if e["event"] == "watchdog_limits")
+    assert limits_event["kill_available_bytes"] == 2 * GiB
+    assert "bytes_" not in limits_event
+    sized = dataclasses.replace(_fit(10 * GB), host_required_bytes=400 * GB)
+    dog = guard.watchdog_for(server, lambda event: None, dataclasses.replace(info, fit=sized))
+    assert dog is not None
+    assert (dog.limits.tree_budget_bytes, dog.limits.tree_kill_bytes) == (400 * GB, 440 * GB)
+
+
+def test_a_disabled_watchdog_starts_nothing_but_the_incident_still_notes_the_relaunch(
+    tmp_path: Path,
+):
+    settings = RunSettings(
+        config=SupervisorConfig(watchdog=WatchdogConfig(enabled=False)),
+        server_command=("python",),
+        server_args=ARGV,
+        state_dir=tmp_path,
+    )
+    guard = MemoryGuard(settings, StateStore(tmp_path))
+    incident = Incident.create(tmp_path, "memory_kill", "test", {})
+    assert incident is not None
+    guard.incident = incident
+    info = LaunchInfo(run_id="r2", argv=ARGV, plan=parse_launch_args(ARGV), fit=None)
+    assert guard.watchdog_for(FakeServer(2000, "r2", ranks=1), lambda e: None, info) is None
+    steps = json.loads(incident.path.read_text())["next"]
+    assert [(s["step"], s["run_id"]) for s in steps] == [("relaunched", "r2")]
+    assert guard.incident is None
+
+
+def test_a_failed_gpu_release_gets_an_incident_of_its_own_linked_from_the_memory_one(
+    tmp_path: Path,
+):
+    guard, _ = _protection(tmp_path)
+    guard.incident = Incident.create(tmp_path, "memory_kill", "test", {})
+    guard.record_release(ReleaseResult(ok=True, reason="all target GPUs are free", elapsed_s=1.0))
+    guard.record_release(ReleaseResult(ok=False, reason="GPU 3 reset failed", elapsed_s=9.0))
+    assert guard.incident is not None
+    steps = [s["step"] for s in json.loads(guard.incident.path.read_text())["next"]]
+    assert steps == ["gpu_release", "gpu_release", "gpu_unrecoverable"]
+    own = list(tmp_path.glob("incident-*gpu_unrecoverable*.json"))
+    assert len(own) == 1
+    assert json.loads(own[0].read_text())["summary"] == "GPU 3 reset failed"

@@ -6,11 +6,14 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from structlog.testing import capture_logs
+
+from supervisor.adapters.host import HostProbe, HostReadError
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import KillReason, MemoryAction, WatchdogEvent
 from supervisor.core.policy import Level, Limits
 from supervisor.core.readings import HostMemory, ProcessInfo
-from supervisor.memory.watchdog import MemoryWatchdog
+from supervisor.memory.watchdog import MemoryWatchdog, system_host_source
 from tests.fakes import FakeClock
 
 GB = 10**9
@@ -88,9 +91,15 @@ LIMITS = Limits(
 )
 
 
-def make(tree: FakeTree, tmp_path: Path | None, limits: Limits = LIMITS, host=None):
+def make(
+    tree: FakeTree,
+    tmp_path: Path | None,
+    limits: Limits = LIMITS,
+    host=None,
+    clock: FakeClock | None = None,
+):
     events: list[WatchdogEvent] = []
-    clock = FakeClock()
+    clock = clock or FakeClock()
     dog = MemoryWatchdog(
         tree,
         limits,
@@ -229,3 +238,85 @@ def test_ranks_that_appear_while_loading_are_found_within_a_second_not_read_as_g
     assert {p.pid for p in dog.tree} == {1001, 1002, 1003, 1004}
     assert events == []
     assert tree.killed == []
+
+
+def test_the_thread_kills_on_its_first_tick_and_watches_the_tree_go(tmp_path: Path):
+    """Started over its budget: the thread kills at once, sees the tree gone, and ends."""
+    tree = FakeTree(shmem=60 * GB)  # 4 × 62 GB: far past the 200 GB kill line
+    dog, events, _clock = make(tree, tmp_path)
+    dog.start()
+    assert dog._thread is not None
+    dog._thread.join(timeout=30)
+    assert not dog.is_running
+    assert [e.action for e in events] == [KILLED]
+    assert dog.gone_at_s is not None
+    steps = [s["step"] for s in json.loads(Path(events[0].incident_path or "").read_text())["next"]]
+    assert steps == ["tree_gone"]
+
+
+def test_a_tree_that_will_not_go_is_noted_in_the_incident(tmp_path: Path):
+    class Stubborn(FakeTree):
+        def __init__(self, clock: FakeClock) -> None:
+            super().__init__(shmem=60 * GB)
+            self.clock = clock
+
+        def tree(self) -> tuple[ProcessInfo, ...]:
+            self.clock.now += 1.0  # every look takes a second of the fake clock
+            return tuple(self.info(pid) for pid in self.ranks)
+
+    clock = FakeClock()
+    tree = Stubborn(clock)
+    dog, events, _ = make(tree, tmp_path, clock=clock)
+    dog.tick()
+    dog._after_kill()
+    assert dog.gone_at_s is None
+    steps = json.loads(Path(events[0].incident_path or "").read_text())["next"]
+    assert steps[-1]["step"] == "tree_not_gone"
+    assert steps[-1]["pids"] == [1001, 1002, 1003, 1004]
+
+
+def test_an_unreadable_host_degrades_to_the_last_reading_without_a_crash(tmp_path: Path):
+    tree = FakeTree()
+    calls = {"n": 0}
+
+    def host(t: Sequence[ProcessInfo]) -> HostMemory:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise HostReadError("/proc/meminfo: gone")
+        return HostMemory(total_bytes=449 * GB, available_bytes=200 * GB)
+
+    dog, events, clock = make(tree, tmp_path, host=host)
+    with capture_logs() as logs:
+        for _ in range(3):
+            dog.tick()
+            clock.now += 1.0
+    assert [e["event"] for e in logs].count("watchdog_degraded") == 1
+    assert dog.history[-1].available_bytes == 200 * GB
+    assert events == []
+
+
+def test_without_a_state_directory_the_kill_still_happens_but_no_incident_is_written():
+    tree = FakeTree(shmem=60 * GB)
+    dog, events, _ = make(tree, None)
+    dog.tick()
+    assert [e.action for e in events] == [KILLED]
+    assert events[0].incident_path is None
+
+
+def test_the_system_host_source_caps_memavailable_by_the_cgroup_headroom(tmp_path: Path):
+    proc = tmp_path / "proc"
+    (proc / "77").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal: 1000000 kB\nMemAvailable: 800000 kB\n")
+    (proc / "77" / "cgroup").write_text("0::/svc\n")
+    cg = tmp_path / "cg"
+    (cg / "svc").mkdir(parents=True)
+    (cg / "cgroup.controllers").write_text("memory\n")
+    (cg / "svc" / "memory.max").write_text(f"{300 * 1024 * 1024}\n")
+    (cg / "svc" / "memory.current").write_text(f"{100 * 1024 * 1024}\n")
+    (cg / "svc" / "memory.stat").write_text("active_file 0\ninactive_file 0\n")
+    read = system_host_source(77, HostProbe(proc_root=proc, cgroup_root=cg))
+    mem = read(())
+    assert mem.available_bytes == 800000 * 1024
+    assert mem.usable_bytes == 200 * 1024 * 1024
+    unlimited = system_host_source(77, HostProbe(proc_root=proc, cgroup_root=tmp_path / "none"))
+    assert unlimited(()).usable_bytes == 800000 * 1024

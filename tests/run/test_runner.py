@@ -1,0 +1,283 @@
+"""The run loop in-process, told as stories on a fake clock: ready, a rank dies, backoff, the
+GPUs are waited for, relaunch, stop; a crash loop; bad flags; a stuck GPU; stop signals during
+each wait. Seconds of the story take microseconds; nothing sleeps, no process starts."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from supervisor.core.classify import FailureKind
+from supervisor.core.events import KillReason, MemoryAction, SignalEvent, WatchdogEvent
+from supervisor.core.lifecycle import HealthStatus
+from supervisor.errors import CrashLoop, GpuUnrecoverable, ServerArgsRejected, StartupFailed
+from supervisor.memory.guard import MemoryGuard
+from supervisor.run.plugins import Plugins
+from tests.fakes import FakeProc, RecordingResetter
+from tests.run.runner_support import LOAD_S, WARM_S, World, runner, settings, world
+
+SIGTERM = SignalEvent(signal.SIGTERM, "SIGTERM")
+
+
+def names(logs: Sequence[Mapping[str, object]]) -> list[object]:
+    """The story's state changes (the events the runner logs on each transition)."""
+    wanted = {
+        "launching",
+        "loading",
+        "warming",
+        "ready",
+        "unhealthy",
+        "restarting",
+        "gpu_release_done",
+        "stopping",
+        "stopped",
+        "fatal",
+        "crash_loop",
+    }
+    return [e["event"] for e in logs if e["event"] in wanted]
+
+
+def test_ready_rank_death_backoff_gpu_release_relaunch_stop(tmp_path: Path):
+    w = world(tmp_path)
+    run = runner(w, settings(tmp_path))
+    ready_at = LOAD_S + WARM_S
+
+    def crash() -> None:
+        w.hold_gpus(w.server, seconds=25.0)  # unpinning outlasts the 10 s backoff
+        w.server.crash_rank(1)
+
+    w.events.call_at(ready_at + 30.0, crash)
+    w.events.at(200.0, SIGTERM)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    assert names(logs) == [
+        *("launching", "loading", "warming", "ready", "unhealthy", "restarting"),
+        "gpu_release_done",
+        *("launching", "loading", "warming", "ready", "stopping", "stopped"),
+    ]
+    first, second = w.launcher.started
+    assert first.kill_reason is not None
+    assert first.kill_reason.failure is FailureKind.RANK_CRASH
+    restarting = next(e for e in logs if e["event"] == "restarting")
+    assert (restarting["failure"], restarting["delay_s"]) == ("rank_crash", 10.0)
+    release = next(e for e in logs if e["event"] == "gpu_release_done")
+    assert release["elapsed_s"] >= 10.0, "the GPUs were still held when the backoff ended"
+    assert second.terminated == 1  # a stop asks first (SIGTERM), then kills what is left
+    state = w.store.load()
+    assert (state.restart_count, state.last_failure) == (1, "rank_crash")
+    assert state.server_pids[0].pid == second.pid
+    assert [m for m in w.notifier.messages if m.startswith("READY=1")] != []
+    assert w.notifier.messages[-1].startswith("STATUS=stopped")
+
+
+def test_a_server_that_keeps_dying_at_startup_is_a_crash_loop(tmp_path: Path):
+    w = world(tmp_path)
+    w.launcher.on_start = lambda server: w.events.call_at(
+        w.clock.now + 2.0, lambda: server.exit_by_itself(1)
+    )
+    run = runner(w, settings(tmp_path, max_restarts=3), watch_gpus=False)
+    with capture_logs() as logs, pytest.raises(CrashLoop) as err:
+        run.run()
+    assert err.value.exit_code == 5
+    assert len(w.launcher.started) == 4
+    delays = [e["delay_s"] for e in logs if e["event"] == "restarting"]
+    assert delays == [10.0, 20.0, 40.0]
+    assert names(logs)[-1] == "crash_loop"
+    assert w.store.load().last_failure == "exited_unexpectedly"
+
+
+def test_sglang_rejecting_its_flags_ends_the_run_without_a_retry(tmp_path: Path):
+    w = world(tmp_path)
+
+    def reject(server) -> None:
+        server.lines += [
+            "usage: launch_server.py [-h] ...",
+            "launch_server.py: error: unrecognized arguments: --x",
+        ]
+        w.events.call_at(w.clock.now + 0.5, lambda: server.exit_by_itself(2))
+
+    w.launcher.on_start = reject
+    run = runner(w, settings(tmp_path), watch_gpus=False)
+    with pytest.raises(ServerArgsRejected) as err:
+        run.run()
+    assert err.value.exit_code == 3
+    assert "unrecognized arguments: --x" in str(err.value)
+    assert len(w.launcher.started) == 1
+
+
+def test_a_gpu_that_stays_held_is_reset_and_a_failed_reset_ends_the_run(tmp_path: Path):
+    w = world(tmp_path)
+    w.resetter = RecordingResetter(ok=False)
+
+    def crash() -> None:
+        w.hold_gpus(w.server, seconds=10_000.0)
+        w.server.crash_rank(0)
+
+    w.events.call_at(LOAD_S + WARM_S + 5.0, crash)
+    run = runner(w, settings(tmp_path))
+    with pytest.raises(GpuUnrecoverable) as err:
+        run.run()
+    assert err.value.exit_code == 6
+    assert w.resetter.calls == [(0, "GPU-0"), (1, "GPU-1")]
+    assert len(w.launcher.started) == 1, "never relaunched onto a dirty GPU"
+    assert w.store.load().last_failure == "gpu_dirty"
+    assert any("gpu unrecoverable" in m for m in w.notifier.messages)
+
+
+def test_a_load_without_progress_is_restarted_and_one_past_the_hard_limit_ends(tmp_path: Path):
+    w = world(tmp_path)
+    w.load_s = 10_000.0  # never answers: the tree's memory never grows, no line is logged
+    run = runner(
+        w,
+        settings(tmp_path, startup_stall_timeout_s=60.0, startup_timeout_s=100.0, max_restarts=1),
+        watch_gpus=False,
+    )
+    with capture_logs() as logs, pytest.raises(CrashLoop):
+        run.run()
+    causes = [e["cause"] for e in logs if e["event"] == "unhealthy"]
+    assert causes == [FailureKind.STARTUP_STALL, FailureKind.STARTUP_STALL]
+
+    w2 = world(tmp_path / "2")
+
+    def chatty(server) -> None:
+        # A log line every 30 s is progress: only the hard limit ends this load.
+        for t in range(30, 200, 30):
+            w2.events.call_at(w2.clock.now + t, lambda: server.lines.append("loading shard"))
+
+    w2.launcher.on_start = chatty
+    run2 = runner(
+        w2, settings(tmp_path / "2", startup_stall_timeout_s=60.0, startup_timeout_s=100.0)
+    )
+    with pytest.raises(StartupFailed) as err:
+        run2.run()
+    assert err.value.exit_code == 4
+
+
+def test_failing_health_checks_after_ready_restart_the_server(tmp_path: Path):
+    w = world(tmp_path)
+    hang = w.events.call_at
+    hang(LOAD_S + WARM_S + 50.0, lambda: setattr(w.probe, "answer", HealthStatus.TIMEOUT))
+    w.events.at(150.0, SIGTERM)
+    run = runner(w, settings(tmp_path, failure_threshold=3), watch_gpus=False)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    unhealthy = next(e for e in logs if e["event"] == "unhealthy")
+    assert unhealthy["cause"] is FailureKind.HEALTH_TIMEOUT
+    assert "3 consecutive failed health checks" in str(unhealthy["detail"])
+    assert len(w.launcher.started) == 2
+
+
+def test_a_zombie_rank_is_a_dead_server_even_while_http_answers(tmp_path: Path):
+    w = world(tmp_path)
+    w.events.call_at(LOAD_S + WARM_S + 5.0, lambda: w.server.set_rank_state(0, "Z"))
+    w.events.at(60.0, SIGTERM)
+    run = runner(w, settings(tmp_path), watch_gpus=False)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    unhealthy = next(e for e in logs if e["event"] == "unhealthy")
+    assert unhealthy["cause"] is FailureKind.RANK_ZOMBIE
+
+
+def test_stop_signals_while_loading_and_during_the_backoff_end_the_run_cleanly(tmp_path: Path):
+    w = world(tmp_path)
+    w.events.at(1.0, SIGTERM)
+    with capture_logs() as logs:
+        assert runner(w, settings(tmp_path), watch_gpus=False).run() == 0
+    assert names(logs) == ["launching", "loading", "stopping", "stopped"]
+
+    w2 = world(tmp_path / "2")
+    w2.events.call_at(LOAD_S + WARM_S + 1.0, lambda: w2.server.crash_rank(0))
+    w2.events.at(LOAD_S + WARM_S + 5.0, SIGTERM)  # inside the 10 s backoff
+    with capture_logs() as logs:
+        assert runner(w2, settings(tmp_path / "2"), watch_gpus=False).run() == 0
+    assert names(logs)[-3:] == ["restarting", "stopping", "stopped"]
+    assert len(w2.launcher.started) == 1
+
+
+def test_a_second_signal_skips_the_drain(tmp_path: Path):
+    w = world(tmp_path)
+    w.launcher.on_start = lambda server: setattr(server, "exit_on_term", None)  # ignores SIGTERM
+    w.events.at(2.0, SIGTERM)
+    w.events.at(7.0, SignalEvent(signal.SIGINT, "SIGINT"))
+    with capture_logs() as logs:
+        assert runner(w, settings(tmp_path, stop_grace_s=60.0), watch_gpus=False).run() == 0
+    escalated = next(e for e in logs if e["event"] == "stop_escalated")
+    assert escalated["signal"] == "SIGINT"
+    assert w.clock.now < 60.0, "the grace was cut short"
+    assert w.launcher.last.poll() is not None
+
+
+def test_leftovers_of_an_earlier_run_are_killed_before_the_first_launch(tmp_path: Path):
+    w = world(tmp_path)
+    w.processes.add(FakeProc(pid=4444, title="sglang::scheduler_TP0", instance="unit"))
+    w.events.at(1.0, SIGTERM)
+    with capture_logs() as logs:
+        assert runner(w, settings(tmp_path)).run() == 0
+    assert w.processes.killed == [4444]
+    order = [e["event"] for e in logs]
+    assert order.index("leftovers_killed") < order.index("launching")
+
+
+class FakeWatchdog:
+    """What the memory watchdog does to a leaking server: kill the whole tree, post the event
+    (or, with `terminate`, SIGTERM first and let the exit follow)."""
+
+    def __init__(self, w: World, after_s: float, *, terminate: bool = False) -> None:
+        self.w = w
+        self.after_s = after_s
+        self.terminate = terminate
+        self.stopped = 0
+
+    def __call__(self, server, post, info):  # a ComponentFactory
+        if len(self.w.launcher.started) > 1:
+            return None  # only the first launch leaks
+        self.info = info
+
+        def fire() -> None:
+            reason = KillReason(FailureKind.MEMORY_KILL, "tree over budget")
+            action = MemoryAction.TERMINATED if self.terminate else MemoryAction.KILLED
+            if self.terminate:
+                server.terminate(reason)
+            else:
+                server.kill_all(reason)
+            post(
+                WatchdogEvent(
+                    action=action, failure=FailureKind.MEMORY_KILL, reason=reason.detail, at_s=0
+                )
+            )
+
+        self.w.events.call_at(self.w.clock.now + self.after_s, fire)
+        return self
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stopped += 1
+
+
+@pytest.mark.parametrize("terminate", [False, True])
+def test_a_memory_kill_relaunches_with_a_smaller_hicache_size(tmp_path: Path, terminate: bool):
+    w = world(tmp_path)
+    run_settings = settings(tmp_path)
+    guard = MemoryGuard(run_settings, w.store)
+    dog = FakeWatchdog(w, after_s=LOAD_S + WARM_S + 2.0, terminate=terminate)
+    plugins = Plugins(components=(dog,), death_hooks=(guard.on_death,))
+    w.events.at(100.0, SIGTERM)
+    with capture_logs() as logs:
+        assert runner(w, run_settings, plugins=plugins).run() == 0
+    failed = next(e for e in logs if e["event"] == "server_failed")
+    assert failed["failure"] == "memory_kill"
+    assert dog.info.fit is not None, "the launch's own pre-flight report travelled with it"
+    # Llama-3-70B at TP 2: (128 + 128) × 4 KV heads × 80 layers × 2 B = 163,840 B per token;
+    # 40 GB is 244,140 tokens plus the padding page.
+    assert dog.info.fit.host_pool_bytes_per_rank == 244_141 * 163_840
+    first, second = w.launcher.argvs
+    assert first[-2:] == ("--hicache-size", "40")
+    assert second[-2:] == ("--hicache-size", "30")
+    assert w.store.load().hicache_size_override_gb == 30
+    assert dog.stopped == 1
