@@ -9,7 +9,7 @@ import requests
 from supervisor.core.lifecycle import HealthStatus
 
 # SGLang's /health runs a one-token generation with a 20 s limit (SGLANG_HEALTH_CHECK_TIMEOUT,
-# sglang.md §4), so the probe's own timeout must be longer: 25 s by default.
+# docs/sglang.md §4), so the probe's own timeout must be longer: 25 s by default.
 DEFAULT_TIMEOUT_S = 25.0
 
 

@@ -74,7 +74,7 @@ def _read_int(path: Path) -> int | None:
 
 
 class HostProbe:
-    """Reads host facts under injectable roots (earlyoom's procdir_path idea, style.md §1)."""
+    """Reads host facts under injectable roots (earlyoom's procdir_path idea)."""
 
     def __init__(
         self,
@@ -145,7 +145,8 @@ class HostProbe:
         return [d for d in dirs if d.is_dir()]
 
     def read_cgroup_headroom(self, pid: str = "self") -> CgroupReading:
-        """Headroom = limit − (usage − file pages), minimum over all ancestors (sglang.md §1.6).
+        """Headroom = limit − (usage − file pages), the minimum over all ancestors (docs/sglang.md
+        §1.6).
 
         v2: min(memory.max, memory.high) − (memory.current − active_file − inactive_file);
         v1: memory.limit_in_bytes − (memory.usage_in_bytes − total_{active,inactive}_file).

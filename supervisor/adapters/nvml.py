@@ -56,7 +56,7 @@ class NvmlGpuSensor:
     @staticmethod
     def _read_one(nvml: ModuleType, handle: Any, index: int) -> GpuState:
         try:
-            # v2 separates driver-reserved memory from `used` (driver >= 515, prior-art.md §7).
+            # v2 separates driver-reserved memory from `used` (driver >= 515, docs/peers.md).
             memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
         except nvml.NVMLError:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)

@@ -1,6 +1,6 @@
 """Memory pressure (PSI) from /proc/pressure/memory: `some` and `full` avg10, in percent.
 
-Read by polling (~5 µs per read, prior-art.md §5); None when the kernel has no PSI
+Read by polling (~5 µs per read); None when the kernel has no PSI
 (CONFIG_PSI off, or `psi=0` on RHEL-8-family kernels).
 """
 

@@ -1,6 +1,6 @@
 """sd_notify with the standard library: one AF_UNIX datagram to $NOTIFY_SOCKET per message.
 
-No-op without $NOTIFY_SOCKET. '@' addresses are in the abstract namespace (prior-art.md §6,
+No-op without $NOTIFY_SOCKET. '@' addresses are in the abstract namespace (docs/peers.md,
 systemd's man/notify-selfcontained-example.py). Errors are swallowed and counted: a missing
 notification must never take the supervisor down.
 """

@@ -52,17 +52,17 @@ class HostConfig:
 
 @dataclasses.dataclass(**_FROZEN)
 class PreflightConfig:
-    """Reserve and overheads of the host-memory budget (defaults from sglang.md §5)."""
+    """Reserve and overheads of the host-memory budget (docs/sglang.md §5)."""
 
-    # SGLang's own HICACHE_HOST_MEMORY_RESERVE_BYTES (sglang.md §1.6).
+    # SGLang's own HICACHE_HOST_MEMORY_RESERVE_BYTES (docs/sglang.md §1.6).
     reserve_bytes: int = 10 * GiB
-    # torch, CUDA context and NCCL in each scheduler: 4-8 GiB anon per rank (sglang.md §5).
+    # torch, CUDA context and NCCL in each scheduler: 4-8 GiB anon per rank (docs/sglang.md §5).
     per_rank_overhead_bytes: int = 4 * GiB
     # The main process (HTTP, tokenizer manager) and the detokenizer.
     main_overhead_bytes: int = 6 * GiB
     avg_request_tokens: int = 4096
     # Concurrent loader threads per rank; with --weight-loader-disable-mmap each rank holds about
-    # (threads + 2) shards in anonymous memory while loading (sglang.md §5).
+    # (threads + 2) shards in anonymous memory while loading (docs/sglang.md §5).
     load_threads: int = 8
     # Largest safetensors shard when the shards are not on this host (4-5 GB typical); the
     # measured largest shard is used when they are.
@@ -71,25 +71,25 @@ class PreflightConfig:
     # wins over the measured *.safetensors total.
     weights_bytes: int | None = None
     # GPU memory taken by the CUDA context and NCCL before SGLang measures free memory: 1-3 GiB
-    # (sglang.md §1.5).
+    # (docs/sglang.md §1.4).
     gpu_context_bytes: int = 2 * GiB
 
 
 @dataclasses.dataclass(**_FROZEN)
 class RunConfig:
-    """`sglang-supervisor run`: health checks, restarts, stop (issue: run). Keys are flat."""
+    """`sglang-supervisor run`: health checks, restarts, stop Keys are flat."""
 
     name: str = "default"
     state_dir: str = ""  # empty: /var/lib/sglang-supervisor/<name>/
     stop_grace_s: float = 60.0  # SIGTERM -> SIGKILL; SGLang drains requests meanwhile
     health_path: str = "/health"
     health_interval_s: float = 10.0
-    # SGLang's /health runs a one-token generation with a 20 s limit (sglang.md §4).
+    # SGLang's /health runs a one-token generation with a 20 s limit (docs/sglang.md §4).
     health_timeout_s: float = 25.0
     failure_threshold: int = 3  # consecutive failed health checks = dead
     startup_timeout_s: float = 3600.0  # hard limit, even while the load progresses
     startup_stall_timeout_s: float = 600.0  # no memory growth and no log line for this long
-    # 10 s doubling to 300 s, reset after 10 min healthy (prior-art.md §9, GPUStack / RBG).
+    # 10 s doubling to 300 s, reset after 10 min healthy (docs/peers.md, GPUStack and RBG).
     backoff_initial_s: float = 10.0
     backoff_max_s: float = 300.0
     stable_after_s: float = 600.0
@@ -139,7 +139,7 @@ class RunConfig:
 
 @dataclasses.dataclass(**_FROZEN)
 class WatchdogConfig:
-    """Host-memory watchdog levels and the restart-smaller rule (issue: watchdog).
+    """Host-memory watchdog levels and the restart-smaller rule.
 
     Levels are on host headroom (MemAvailable capped by cgroup headroom): warn > terminate > kill.
     Each is bytes and/or percent of MemAvailable + the tree's charge; when both are set the lower
@@ -154,7 +154,7 @@ class WatchdogConfig:
     kill_bytes: int = 2 * GiB
     kill_percent: float = 2.0
     # Tree budget = the pre-flight's expected total; kill above it plus the larger margin. The
-    # pre-flight's per-rank overhead (4 GiB) is the low end of the 4-8 GiB seen (sglang.md §5).
+    # pre-flight's per-rank overhead (4 GiB) is the low end of the 4-8 GiB seen (docs/sglang.md §5).
     tree_margin_percent: float = 10.0
     tree_margin_bytes: int = 8 * GiB
     warn_ticks: int = 3
@@ -199,7 +199,7 @@ class WatchdogConfig:
 
 @dataclasses.dataclass(**_FROZEN)
 class GpuConfig:
-    """GPU access: which NVML backend, how to reset a stuck GPU (issues: test bed, watchdog)."""
+    """GPU access: which NVML backend, how to reset a stuck GPU."""
 
     backend: str = "auto"  # nvml | sim | none | auto (nvml when the library loads, else none)
     # Run for a GPU whose memory stays held with no process: {index} and {uuid} are filled in,

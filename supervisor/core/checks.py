@@ -13,7 +13,7 @@ from typing import Any
 
 from supervisor.core.units import GB, GiB, format_gb
 
-# Assumed boundaries for rules that changed upstream (sglang.md §1.5, §1.6): the reference
+# Assumed boundaries for rules that changed upstream (docs/sglang.md §1.5, §1.6): the reference
 # describes SGLang 0.5.23, which has both HiCache auto-sizing (PR #40135) and the per-host
 # division of SGLang's own check (PR #35540); releases before it are treated as older.
 _AUTO_SIZING_SINCE = (0, 5, 23)
@@ -152,7 +152,7 @@ class FitReport:
     indexer_bytes_per_token_per_rank: int
     weights_per_rank_bytes: int | None
     gpu_memory_bytes: int | None
-    gpu_free_bytes: int | None  # free before weights, CUDA context taken off (F in sglang.md §1.5)
+    gpu_free_bytes: int | None  # free before weights, CUDA context off (F, docs/sglang.md §1.4)
     mem_fraction_static: float | None
     device_tokens_per_rank: int | None
     hicache_mode: str  # off | size | ratio | auto

@@ -159,7 +159,7 @@ def _looks_oom_killed(
     if context.oom_kills is not None:
         return context.oom_kills > 0
     # No kernel counter: a SIGKILL nobody here sent is most likely the OOM killer (gunicorn's
-    # "Perhaps out of memory?"; SGLang's own hint for a rank that died with -9, sglang.md §3.1).
+    # "Perhaps out of memory?"; SGLang's hint for a rank that died with -9, docs/sglang.md §3.1).
     rank_killed = any(
         m.mark in (LogMark.RANK_DIED_AT_INIT, LogMark.SUBPROCESS_CRASHED)
         and m.exit_code == -_SIGKILL

@@ -1,6 +1,6 @@
 """Fit arithmetic: device KV tokens, host pool per rank, host and NUMA totals, the safe size.
 
-Pure functions over integers (bytes, tokens) and the LaunchPlan; formulas from sglang.md §1.
+Pure functions over integers (bytes, tokens) and the LaunchPlan; formulas in docs/sglang.md §1.
 `--hicache-size` is decimal GB per rank; SGLang's reserve is 10 GiB.
 """
 
@@ -13,14 +13,14 @@ from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.units import GB, GiB, MiB
 
 # `--hicache-ratio` unset: 2.0 in `cache` mode (the default), 1.2 in `buffer_only`
-# (sglang arg_groups/hicache_hook.py, sglang.md §1.1).
+# (SGLang arg_groups/hicache_hook.py, docs/sglang.md §1.1).
 DEFAULT_RATIO_CACHE = 2.0
 DEFAULT_RATIO_BUFFER_ONLY = 1.2
-# SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES (sglang.md §1.6).
+# SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES (docs/sglang.md §1.6).
 SGLANG_HOST_RESERVE_BYTES = 10 * GiB
 # Auto-sizing (PR #40135) spends 95 % of its per-rank budget and never exceeds ratio 2.0.
 _AUTO_SIZE_HEADROOM = 0.95
-# mem_fraction_static when the GPU memory is unknown (sglang.md §1.4).
+# mem_fraction_static when the GPU memory is unknown (docs/sglang.md §1.4).
 DEFAULT_MEM_FRACTION_UNKNOWN_GPU = 0.95
 
 
@@ -115,7 +115,7 @@ def prefill_graph_sizes(max_tokens: int) -> int:
 
 
 def auto_mem_fraction_static(gpu_total_bytes: int, plan: LaunchPlan, *, mla: bool) -> float:
-    """SGLang's automatic `--mem-fraction-static` for the smallest visible GPU (sglang.md §1.4)."""
+    """SGLang's automatic `--mem-fraction-static` for the smallest GPU (docs/sglang.md §1.4)."""
     gpu_mb = gpu_total_bytes / MiB
     gpu_gib = gpu_total_bytes / GiB
     tp_ge_4 = plan.tp_size >= 4
@@ -154,7 +154,7 @@ def estimate_device_tokens(
     page_size: int,
     max_total_tokens: int | None,
 ) -> int:
-    """Device KV tokens per rank: (F·m − W) / cell, floored to pages, capped (sglang.md §1.5).
+    """Device KV tokens per rank: (F·m − W) / cell, floored to pages, capped (docs/sglang.md §1.4).
 
     Returns 0 when the weights leave no room ("Loaded weights leave no GPU memory for the KV
     cache"), which the caller reports as a failed check.
@@ -176,7 +176,7 @@ def estimate_auto_ratio(
     device_tokens: int,
     bytes_per_token: int,
 ) -> float:
-    """The ratio SGLang's HiCache auto-sizing picks (PR #40135, sglang.md §1.5); ≤ 0: it raises."""
+    """The ratio SGLang's HiCache auto-sizing picks (docs/sglang.md §1.5); ≤ 0: it raises."""
     budget = (usable_bytes - SGLANG_HOST_RESERVE_BYTES) // max(1, ranks_per_host)
     budget_f = budget * host_memory_fraction
     device_bytes = device_tokens * bytes_per_token
@@ -212,7 +212,7 @@ class NumaLoad:
 
 
 def required_host_bytes(pool_bytes_per_rank: int, local_ranks: int, budget: HostBudget) -> int:
-    """Peak host memory of the launch: max(load phase, pools + steady state) (sglang.md §5).
+    """Peak host memory of the launch: max(load phase, pools + steady state) (docs/sglang.md §5).
 
     Pools are allocated after the weights are on the GPU, so the load transient and the pools
     do not overlap; the per-rank runtime and the main process are there in both phases.
@@ -223,7 +223,7 @@ def required_host_bytes(pool_bytes_per_rank: int, local_ranks: int, budget: Host
 
 
 def numa_required_bytes(pool_bytes_per_rank: int, node: NumaLoad, budget: HostBudget) -> int:
-    """Memory the ranks membound to `node` need there: pools plus their runtime (sglang.md §1.8)."""
+    """What the ranks bound to `node` need there: pools plus their runtime (docs/sglang.md §1.8)."""
     per_rank = (
         pool_bytes_per_rank + budget.per_rank_overhead_bytes + budget.cpu_offload_bytes_per_rank
     )

@@ -76,7 +76,7 @@ def check_transition(current: ServerState, new: ServerState) -> ServerState:
 class HealthStatus(str, Enum):
     """One answer of the health endpoint, as the readiness and liveness checks read it."""
 
-    REFUSED = "refused"  # nothing listens yet: still loading (sglang.md §4)
+    REFUSED = "refused"  # nothing listens yet: still loading (docs/sglang.md §4)
     WARMING = "warming"  # 503: warming up, draining, or unhealthy after ready
     READY = "ready"  # 200
     TIMEOUT = "timeout"  # no answer within health_timeout

@@ -1,4 +1,4 @@
-"""Recognise SGLang's log lines that mark a load phase or a crash (sglang.md §4.1).
+"""Recognise SGLang's log lines that mark a load phase or a crash (docs/sglang.md §4.1).
 
 Pure substring matching on one line; SGLang refactors fast, so only stable phrases are used and
 an unknown line is simply not a mark. Used for load progress, log events and failure classes.

@@ -1,7 +1,7 @@
 """KV-cache geometry: a model's config.json keys + the launch plan -> bytes per token per rank.
 
 Pure arithmetic over the language model's config dict (text_config already merged by the adapter).
-Formulas from SGLang's host pools (sglang.md §1.2, §7); the device cell and the host cell are equal.
+Formulas from SGLang's host pools (docs/sglang.md §1.2, §7); device and host cells are equal.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ _BITS_PER_ELEMENT: dict[str, Fraction] = {
 }
 
 # Speculative algorithms whose draft runs the checkpoint's own MTP (NextN) layers; their KV is
-# packed into the target's pools as extra layers (sglang.md §1.2).
+# packed into the target's pools as extra layers (docs/sglang.md §1.2).
 _MTP_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "MTP"})
 
 # DeepSeek sparse attention (DSA) stores the MLA row in an fp8 scaled layout of 656 bytes:
-# 512 fp8 latent + 512/128 * 4 scale bytes + 64 rope dims in bf16 (sglang.md §1.2, dsa.py).
+# 512 fp8 latent + 512/128 * 4 scale bytes + 64 rope dims in bf16 (docs/sglang.md §1.2).
 _DSA_FP8_ROW_BYTES = 512 + 512 // 128 * 4 + 64 * 2
 
 
@@ -176,7 +176,7 @@ def indexer_bytes_per_token_per_rank(config: Mapping[str, Any], plan: LaunchPlan
     """Extra bytes per token of the DSA indexer pool (0 for models without DSA).
 
     (index_head_dim + index_head_dim/128 · 4 scale bytes) · 1 byte · layers: 132 B/layer for
-    DeepSeek-V3.2. SGLang allocates it outside the `--hicache-size` budget (sglang.md §1.2).
+    DeepSeek-V3.2. SGLang allocates it outside the `--hicache-size` budget (docs/sglang.md §1.2).
     """
     if not is_dsa(config):
         return 0

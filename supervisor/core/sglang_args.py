@@ -1,9 +1,9 @@
 """Read SGLang's `launch_server` argv the way its argparse does, without importing SGLang.
 
 Only the memory and topology flags are interpreted; every other token passes through untouched and
-the user's argv is never reordered. Spelling rules mirrored from SGLang (sglang.md §2.1): names are
-"--" + field with dashes plus explicit aliases, underscore spellings are not SGLang's, and
-argparse's unique-prefix abbreviation is on (`--tp 8` works, `--pp 2` is ambiguous).
+the user's argv is never reordered. Spelling rules mirrored from SGLang (docs/sglang.md §2.1):
+names are "--" + field with dashes plus explicit aliases, underscore spellings are not SGLang's,
+and argparse's unique-prefix abbreviation is on (`--tp 8` works, `--pp 2` is ambiguous).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class LaunchPlan:
 
     @property
     def data_parallel_replicas(self) -> int:
-        """Plain-DP replicas: each is a whole tp·pp world with its own pools (sglang.md §1.3).
+        """Plain-DP replicas: each is a whole tp·pp world with its own pools (docs/sglang.md §1.3).
 
         With DP attention (`--enable-dp-attention` or `--attn-dp-size`) the dp ranks share the TP
         world and add no processes.
@@ -115,7 +115,7 @@ class LaunchPlan:
         return "auto"
 
     def local_gpu_ids(self) -> tuple[int, ...]:
-        """GPU index of each local scheduler, as SGLang maps them (sglang.md §3)."""
+        """GPU index of each local scheduler, as SGLang maps them (docs/sglang.md §3)."""
         tp_per_node = max(1, self.tp_size // self.nnodes) if self.pp_size == 1 else self.tp_size
         pp_per_node = max(1, self.pp_size // self.nnodes) if self.pp_size > 1 else 1
         ids: list[int] = []

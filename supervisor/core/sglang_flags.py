@@ -1,6 +1,6 @@
 """The launch_server flags the supervisor interprets, their aliases and value checks.
 
-Data for supervisor/core/sglang_args.py: SGLang's names and defaults as of 0.5.23 (sglang.md §2).
+Data for supervisor/core/sglang_args.py: SGLang 0.5.23's names and defaults (docs/sglang.md §2).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The next `--hicache-size` after a memory kill (pure): current size × shrink_factor, a ratio or
 auto-sized pool first converted to its size, never below `min_hicache_size`.
 
-`--hicache-size` is whole decimal GB per rank (sglang.md §2); giving it also overrides
-`--hicache-ratio` and disables SGLang's auto-sizing (sglang.md §1.1, §1.5).
+`--hicache-size` is whole decimal GB per rank (docs/sglang.md §1.1); giving it also overrides
+`--hicache-ratio` and disables SGLang's auto-sizing (docs/sglang.md §1.5).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Simulated SGLang server and simulated GPUs: the test bed the supervisor is tested against.
 
 Shipped with the product (the `demo` and a GPU-less systemd trial use it) but imported by the
-product only when the GPU backend `sim` is chosen. Facts imitated: ../shared/reference/sglang.md.
+product only when the GPU backend `sim` is chosen. Facts imitated: docs/sglang.md (SGLang 0.5.23).
 
 Launch (exactly SGLang's argv after the module):
     python -m supervisor.testing.fake_sglang --model-path M [launch_server flags ...]
-Topology and sizing flags are read by supervisor.core.sglang_args (the pre-flight's parser);
-other flags are accepted and ignored, as long as they are not in the scenario's `bad_flags`.
+Topology and sizing flags are read with argparse as SGLang reads them (supervisor/testing/args.py,
+independent of the supervisor's own reader); other flags are accepted and ignored, as long as
+they are not in the scenario's `bad_flags`.
 
 Environment variables
     FAKE_SGLANG_SCENARIO      JSON object of scenario keys (below); unset/empty = happy path.
@@ -29,8 +30,9 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                                  (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s in SGLang)
     runtime_gb             4.0   private anonymous memory per rank (torch/CUDA/NCCL runtime)
     gpu_total_bytes        -     GPU size for sizing when no state dir (default H200, 143771 MiB)
-    weight_bytes_per_rank  20 GiB  weights on each GPU, for the device KV token estimate
-    max_total_num_tokens   -     device KV tokens per rank (default: core.fit estimate)
+    weight_bytes_per_rank  20 GiB  weights on each GPU, for the device KV pool
+    cuda_context_bytes     0     GPU memory taken before SGLang measures free memory
+    max_total_num_tokens   -     device KV tokens per rank (default: sized as SGLang sizes it)
     leak                   {rank 0, bytes_per_s 1 MiB, after_s 0, max_bytes 32 MiB,
                             kind "anon"|"shmem"}: real bytes (not scaled), touched, growing
                            until max_bytes; anon shows as RssAnon, shmem as RssShmem
@@ -58,7 +60,7 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
     bad_flags              []    flags rejected like argparse: exit 2 before anything starts
     hang_nvml_s            -     written to the state dir: every fake_nvml call blocks this long
 
-Processes (SGLang's model, sglang.md §3): the main process (title unchanged) serves HTTP and
+Processes (SGLang's model, docs/sglang.md §3): the main process (title unchanged) serves HTTP and
 spawns, with multiprocessing "spawn", one scheduler per local rank titled
 sglang::scheduler[_DP{d}][_PP{p}][_TP{t}][_EP{e}] (plain sglang::scheduler for tp=1, no DP/PP/EP)
 and sglang::detokenizer (plus multiprocessing's resource tracker). No setsid: all share the
@@ -67,9 +69,10 @@ before that; they ignore SIGTERM/SIGINT (the main process takes them down). Each
 "load" registers GPU memory (static pool: total × mem_fraction_static) on GPU
 base_gpu_id + rank × gpu_id_step, holds runtime_gb as RssAnon and, with
 --enable-hierarchical-cache, its host pool as touched MAP_SHARED|MAP_ANONYMOUS (RssShmem),
-sized like the pre-flight (core.model_geometry + core.fit; size, ratio and default-ratio modes;
-SGLang's auto-sizing is not simulated: auto uses the default ratio). A --model-path without a
-readable config.json uses Llama-3-70B geometry (80 layers, 8 KV heads, head_dim 128, bf16).
+sized by supervisor/testing/sizing.py, a transcription of SGLang's own sizing code kept apart
+from the pre-flight's (size, ratio and default-ratio modes; SGLang's auto-sizing is not
+simulated: auto uses the default ratio). A --model-path without a readable config.json uses
+Llama-3-70B geometry (80 layers, 8 KV heads, head_dim 128, bf16).
 
 Not simulated: the DP controller process (with plain --dp-size the schedulers are children of
 the main process here), tokenizer workers, real requests, SGLang's HiCache auto-sizing.
@@ -111,5 +114,5 @@ alive and not a zombie; after it dies its memory stays used (PID listed) for
 gpu_release_delay_s, then is released, or with gpu_stuck stays used with no PID listed until
 `python -m supervisor.testing.fake_gpu_reset INDEX|UUID`, which refuses (exit 255, nvidia-smi's
 message) while a live process holds that GPU. Read them through supervisor.testing.fake_nvml
-(pynvml-shaped) or supervisor.adapters.nvml.open_gpu_sensor("sim").
+(pynvml-shaped), e.g. supervisor.preflight.sensors.open_sensor("sim").
 """

@@ -70,7 +70,7 @@ class Launcher:
         self.sizing = size_server(plan, scenario, gpus)
         self.info = server_info(plan, self.sizing, argv)
         self.children: list[tuple[str, BaseProcess, Connection]] = []
-        # Signal handlers only record (style.md §4); the main loop acts.
+        # Signal handlers only record; the main loop acts (as gunicorn does).
         self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.exited: set[str] = set()
 
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SimArgsError as exc:
         argparse_error(str(exc))
     launcher = Launcher(plan, scenario, argv, int(raw_scale))
-    # SGLang's worker nodes (node_rank >= 1) ignore SIGTERM (sglang.md §3.1).
+    # SGLang's worker nodes (node_rank >= 1) ignore SIGTERM (docs/sglang.md §3.1).
     if scenario.ignore_sigterm or plan.node_rank >= 1:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

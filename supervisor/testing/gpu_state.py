@@ -31,7 +31,7 @@ from supervisor.atomic_file import write_text_atomic
 GPUS_FILE = "gpus.json"
 HOLDERS_DIR = "holders"
 NVML_FILE = "nvml.json"
-# H200: 143771 MiB as NVML reports it (sglang.md §1.4); baseline ≈ what a driver holds when idle.
+# H200: 143771 MiB as NVML reports it; baseline ≈ what a driver holds when idle.
 DEFAULT_TOTAL_BYTES = 143771 * 1024 * 1024
 DEFAULT_BASELINE_USED_BYTES = 512 * 1024 * 1024
 DEFAULT_NAME = "NVIDIA H200"

@@ -79,7 +79,7 @@ def touch_memory(size: int, *, shared: bool) -> mmap.mmap:
     """Map `size` bytes of anonymous memory and write every page so it is resident.
 
     Shared (MAP_SHARED|MAP_ANONYMOUS) pages count as RssShmem and leave MemAvailable, as SGLang's
-    pinned host pool does (sglang.md §1.7); private ones count as RssAnon.
+    pinned host pool does (docs/sglang.md §1.7); private ones count as RssAnon.
     """
     size = max(PAGE_BYTES, -(-size // PAGE_BYTES) * PAGE_BYTES)
     flags = (mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE) | mmap.MAP_ANONYMOUS
@@ -208,7 +208,7 @@ def _crash(spec: RankSpec, sig: int | None, exit_code: int | None) -> None:
         time.sleep(1.0)  # a caught or ignored signal: fall through to a plain exit
         os._exit(128 + sig)
     log(spec.log_prefix, "Scheduler hit an exception: RuntimeError: simulated crash")
-    # SGLang's scheduler tells its parent with SIGQUIT (sglang.md §3.1).
+    # SGLang's scheduler tells its parent with SIGQUIT (docs/sglang.md §3.1).
     with contextlib.suppress(ProcessLookupError):
         os.kill(spec.parent_pid, signal.SIGQUIT)
     os._exit(exit_code if exit_code is not None else 1)

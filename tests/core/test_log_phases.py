@@ -1,4 +1,4 @@
-"""SGLang log lines -> load phases and crash marks (sglang.md §4.1)."""
+"""SGLang log lines -> load phases and crash marks (docs/sglang.md §4.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""KV bytes per token per rank for real model geometries (sglang.md §7 table)."""
+"""KV bytes per token per rank for real model geometries (docs/sglang.md §7 table)."""
 
 from __future__ import annotations
 

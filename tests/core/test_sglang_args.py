@@ -135,7 +135,7 @@ def test_redact_argv_hides_api_keys_in_both_forms() -> None:
 
 
 def test_gpu_ids_with_pipeline_stages_follow_sglangs_formula() -> None:
-    """base + pp_rank × tp_per_node + tp_rank × gpu_id_step (sglang.md §3), step on TP only."""
+    """base + pp_rank × tp_per_node + tp_rank × gpu_id_step (docs/sglang.md §3), step on TP only."""
     assert parse_launch_args(
         ["--tp", "2", "--pp-size", "2", "--base-gpu-id", "4"]
     ).local_gpu_ids() == (

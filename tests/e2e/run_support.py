@@ -1,4 +1,4 @@
-"""Run the real `python -m supervisor run` against the simulated SGLang server (tests of issue 4).
+"""Run the real `python -m supervisor run` against the simulated SGLang server.
 
 The supervisor logs JSON lines to a file; tests wait on its events. Processes of a test carry
 the leak guard's marker in their environment (tests/conftest.py), which is how "no process of

@@ -1,6 +1,6 @@
 """`sglang-supervisor run` with simulated GPUs: a leftover of an earlier run holding a GPU is
 killed and its memory awaited before the launch; other users of the target GPUs stop the start
-unless --kill-foreign-gpu-processes (issue 4, behaviour 1)."""
+unless --kill-foreign-gpu-processes."""
 
 from __future__ import annotations
 

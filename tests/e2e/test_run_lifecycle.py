@@ -1,5 +1,5 @@
 """`sglang-supervisor run` end to end against the simulated server: ready, stop, SIGKILL of the
-supervisor, escapees, leftovers of an earlier run, secrets (issue 4, "Done when")."""
+supervisor, escapees, leftovers of an earlier run, secrets."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`sglang-supervisor run` end to end: deaths are classified and restarted with backoff, a bad
-flag is never retried (exit 3), a crash loop ends with exit 5 (issue 4, "Done when")."""
+flag is never retried (exit 3), a crash loop ends with exit 5."""
 
 from __future__ import annotations
 
