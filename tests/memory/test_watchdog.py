@@ -320,3 +320,21 @@ def test_the_system_host_source_caps_memavailable_by_the_cgroup_headroom(tmp_pat
     assert mem.usable_bytes == 200 * 1024 * 1024
     unlimited = system_host_source(77, HostProbe(proc_root=proc, cgroup_root=tmp_path / "none"))
     assert unlimited(()).usable_bytes == 800000 * 1024
+
+
+def test_the_incident_keeps_as_many_server_lines_as_configured(tmp_path: Path):
+    tree = FakeTree(shmem=60 * GB)
+    events: list[WatchdogEvent] = []
+    dog = MemoryWatchdog(
+        tree,
+        LIMITS,
+        post=events.append,
+        read_host=SimHost(),
+        read_psi=lambda: None,
+        state_dir=tmp_path,
+        clock=FakeClock(),
+        incident_log_lines=1,
+    )
+    dog.tick()
+    data = json.loads(Path(events[0].incident_path or "").read_text())
+    assert data["server_log_tail"] == ["HF_TOKEN=*** set"]

@@ -15,18 +15,12 @@ from supervisor.config import HostConfig, SupervisorConfig
 from supervisor.core.readings import GpuProcess, GpuState
 from supervisor.core.units import GB, GiB
 from supervisor.preflight import run_preflight
+from tests.fakes import FakeClock, ScriptedGpus
 from tests.preflight.support import KIMI, KIMI_ARGS, SEED, run_json
 
 
-class FakeGpus:
-    def __init__(self, gpus: tuple[GpuState, ...] | None) -> None:
-        self.gpus = gpus
-
-    def read_gpus(self) -> tuple[GpuState, ...] | None:
-        return self.gpus
-
-    def close(self) -> None:
-        pass
+def fake_gpus(gpus: tuple[GpuState, ...] | None) -> ScriptedGpus:
+    return ScriptedGpus(FakeClock(), lambda _now: gpus)
 
 
 def gpu(index: int, used: int = 0, node: int = 0, pids: tuple[int, ...] = ()) -> GpuState:
@@ -75,7 +69,7 @@ def free_port() -> int:
 
 def test_measured_box_reads_gpus_numa_and_local_checks(tmp_path):
     port = free_port()
-    gpus = FakeGpus(tuple(gpu(i, used=GiB, node=i // 4) for i in range(8)))
+    gpus = fake_gpus(tuple(gpu(i, used=GiB, node=i // 4) for i in range(8)))
     args = [*KIMI_ARGS, "--hicache-size", "48", "--host", "127.0.0.1", "--port", str(port)]
     report = run_preflight(
         measured_config(), args, gpu_sensor=gpus, probe=fake_host(tmp_path), env={}
@@ -89,7 +83,7 @@ def test_measured_box_reads_gpus_numa_and_local_checks(tmp_path):
 
 
 def test_busy_gpu_bound_port_and_cgroup_garbage(tmp_path):
-    gpus = FakeGpus(tuple(gpu(i, pids=(4242,) if i == 3 else ()) for i in range(8)))
+    gpus = fake_gpus(tuple(gpu(i, pids=(4242,) if i == 3 else ()) for i in range(8)))
     probe = fake_host(tmp_path, cgroup="0::/sub\n")
     (probe.cgroup_root / "sub").mkdir()
     (probe.cgroup_root / "sub" / "memory.max").write_text("garbage\n")
@@ -109,7 +103,7 @@ def test_busy_gpu_bound_port_and_cgroup_garbage(tmp_path):
 
 
 def test_too_few_gpus_and_hugepages_shortfall(tmp_path):
-    gpus = FakeGpus(tuple(gpu(i) for i in range(4)))
+    gpus = fake_gpus(tuple(gpu(i) for i in range(4)))
     args = [*KIMI_ARGS, "--hicache-size", "48"]
     env = {"SGLANG_HUGEPAGE_SIZE": "1GB"}
     report = run_preflight(
@@ -126,7 +120,9 @@ def test_unreadable_numa_meminfo_is_a_warning_and_a_bad_hugepage_size_is_named(t
     node1.write_text("nonsense\n")
     env = {"SGLANG_HUGEPAGE_SIZE": "huge"}
     args = [*KIMI_ARGS, "--hicache-size", "48"]
-    report = run_preflight(measured_config(), args, gpu_sensor=FakeGpus(None), probe=probe, env=env)
+    report = run_preflight(
+        measured_config(), args, gpu_sensor=fake_gpus(None), probe=probe, env=env
+    )
     checks = {c.name: c for c in report.checks}
     assert checks["numa"].status.value == "warn"
     assert "unreadable" in checks["numa"].detail
