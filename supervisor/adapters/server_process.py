@@ -218,9 +218,17 @@ class ServerProcess:
                 self._kill_reason = reason
 
     def terminate(self, reason: KillReason) -> None:
-        """Record `reason`, then SIGTERM the server's process group."""
+        """Record `reason`, then SIGTERM the server's main process only.
+
+        In SGLang only the main process handles SIGTERM (it answers 503, drains the requests in
+        flight, then stops its children); the schedulers install no handler and would die at
+        once, which its subprocess watchdog treats as a crash (tokenizer_manager.py
+        `SignalHandler`, utils/watchdog.py). The whole group is killed only after a grace.
+        """
         self._record(reason)
-        self.signal_group(signal.SIGTERM)
+        # Popen checks the process is not yet reaped, so a recycled PID is never signalled.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self._popen.send_signal(signal.SIGTERM)
 
     def kill_all(self, reason: KillReason) -> tuple[int, ...]:
         """Record `reason`, SIGKILL the process group and every other process of the tree, then

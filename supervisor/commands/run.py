@@ -20,9 +20,10 @@ import click
 import structlog
 
 from supervisor.config import RunConfig, RunSettings, SupervisorConfig, load_config
-from supervisor.core.sglang_args import ArgvError, parse_launch_args
+from supervisor.core.sglang_args import ArgvError
 from supervisor.core.units import parse_duration
-from supervisor.errors import ConfigError, ExitCode, SupervisorError
+from supervisor.errors import ConfigError, ExitCode, ServerArgsRejected, SupervisorError
+from supervisor.preflight.reader import argv_problem, launch_reader
 from supervisor.run.state import StateStore, default_state_dir
 
 if TYPE_CHECKING:
@@ -53,6 +54,12 @@ _RUN_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--name", "name", str, "Instance name: state in /var/lib/sglang-supervisor/NAME."),
     ("--state-dir", "state_dir", str, "Directory of the state file and incident reports."),
     ("--stop-grace", "stop_grace_s", _DURATION, "SIGTERM to SIGKILL on stop (default 60s)."),
+    (
+        "--worker-stop-grace",
+        "worker_stop_grace_s",
+        _DURATION,
+        "The same on --node-rank >= 1, where SGLang does not drain (default 5s).",
+    ),
     ("--health-path", "health_path", str, "Health endpoint (default /health)."),
     ("--health-interval", "health_interval_s", _DURATION, "Health check period (default 10s)."),
     ("--health-timeout", "health_timeout_s", _DURATION, "One health check's limit (25s)."),
@@ -143,10 +150,6 @@ def build_settings(
         raise ConfigError(
             "no launch_server arguments: give them after -- or as [server] args in --config"
         )
-    try:
-        parse_launch_args(args)
-    except ArgvError as exc:
-        raise ConfigError(f"launch_server arguments: {exc}") from None
     if server_command is not None:
         try:
             command = tuple(shlex.split(server_command))
@@ -155,6 +158,11 @@ def build_settings(
     else:
         command = config.server.command or launch.default_server_command()
     launch.check_server_command(command)
+    reader = launch_reader(config, args, command)
+    try:
+        reader.plan(args)
+    except ArgvError as exc:  # SGLang would exit 2 on it: refuse before starting anything
+        raise ServerArgsRejected(argv_problem(exc, reader)) from None
     state_dir = Path(run.state_dir) if run.state_dir else default_state_dir(run.name)
     return RunSettings(
         config=config,
@@ -162,6 +170,7 @@ def build_settings(
         server_args=tuple(args),
         state_dir=state_dir,
         config_dir=config_path.parent if config_path is not None else None,
+        reader=reader,
     )
 
 
@@ -283,7 +292,7 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
         "settings",
         instance=settings.instance,
         resolved_gpu_backend=backend,
-        **launch.describe_settings(settings, parse_launch_args(settings.server_args)),
+        **launch.describe_settings(settings, settings.reader.plan(settings.server_args)),
     )
     try:
         return run_with_signals(runner, events)

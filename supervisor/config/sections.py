@@ -82,6 +82,9 @@ class RunConfig:
     name: str = "default"
     state_dir: str = ""  # empty: /var/lib/sglang-supervisor/<name>/
     stop_grace_s: float = 60.0  # SIGTERM -> SIGKILL; SGLang drains requests meanwhile
+    # On a node with --node-rank >= 1 SGLang's main process only logs the SIGTERM and waits for
+    # rank 0 (entrypoints/engine.py): nothing drains there, so the group SIGKILL comes sooner.
+    worker_stop_grace_s: float = 5.0
     health_path: str = "/health"
     health_interval_s: float = 10.0
     # SGLang's /health runs a one-token generation with a 20 s limit (docs/sglang.md §4).
@@ -119,8 +122,9 @@ class RunConfig:
         ):
             if getattr(self, key) <= 0:
                 raise bad(key[:-2], "must be positive", getattr(self, key))
-        if self.stop_grace_s < 0:
-            raise bad("stop_grace", "must not be negative", self.stop_grace_s)
+        for key in ("stop_grace_s", "worker_stop_grace_s"):
+            if getattr(self, key) < 0:
+                raise bad(key[:-2], "must not be negative", getattr(self, key))
         if self.backoff_max_s < self.backoff_initial_s:
             raise bad("backoff_max", "must be at least run.backoff_initial", self.backoff_max_s)
         if self.failure_threshold < 1:

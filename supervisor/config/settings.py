@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from supervisor.config.sections import RunConfig, SupervisorConfig
+from supervisor.core.sglang_launch import LaunchReader
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -17,6 +18,8 @@ class RunSettings:
     server_args: tuple[str, ...]
     state_dir: Path
     config_dir: Path | None = None  # relative paths in the config file are looked up here
+    # How the argv is read: the SGLang release's rules and its --config YAML, resolved once.
+    reader: LaunchReader = dataclasses.field(default_factory=LaunchReader)
 
     @property
     def run(self) -> RunConfig:

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from supervisor.core import fit
-from supervisor.core.checks import Check, SglangRules, Status, Term
+from supervisor.core.checks import Check, Status, Term
 from supervisor.core.sglang_args import LaunchPlan
+from supervisor.core.sglang_versions import SglangRules
 from supervisor.core.units import GB, format_gb
 
 
@@ -54,15 +55,18 @@ def _pool(
     auto_ratio: float | None = None
     if mode == "ratio":
         ratio = plan.hicache_ratio
+    elif mode == "auto" and not rules.auto_sizing:
+        mode, ratio = "ratio", fit.default_hicache_ratio(plan)  # a release before auto-sizing
     elif mode == "auto":
         ratio = fit.default_hicache_ratio(plan)
-        if rules.auto_sizing and device_tokens:
+        if device_tokens:
             auto_ratio = fit.estimate_auto_ratio(
                 usable_bytes=budget.usable_bytes,
                 ranks_per_host=plan.tp_size * plan.pp_size // plan.nnodes,
                 host_memory_fraction=plan.hicache_host_memory_fraction,
                 device_tokens=device_tokens,
                 bytes_per_token=cell_bytes + indexer_bytes,
+                requested_ratio=ratio,
             )
             ratio = max(0.0, auto_ratio)
     checks: list[Check] = []

@@ -1,11 +1,10 @@
 """The pre-flight's answer: checks (ok/warn/fail), the FitReport, its JSON and its table.
 
-Also the version-dependent SGLang rules and the small pure decisions behind each host check.
+Also the small pure decisions behind each host check.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -13,11 +12,6 @@ from typing import Any
 
 from supervisor.core.units import GB, GiB, format_gb
 
-# Assumed boundaries for rules that changed upstream (docs/sglang.md §1.5, §1.6): the reference
-# describes SGLang 0.5.23, which has both HiCache auto-sizing (PR #40135) and the per-host
-# division of SGLang's own check (PR #35540); releases before it are treated as older.
-_AUTO_SIZING_SINCE = (0, 5, 23)
-_DIVIDED_CHECK_SINCE = (0, 5, 23)
 # NCCL's shared-memory transport needs more than Docker's default 64 MiB /dev/shm.
 SHM_MIN_BYTES = 1 * GiB
 # cudaHostRegister pins through the driver, but some stacks mlock; below 64 MiB is the distro
@@ -41,34 +35,6 @@ class Check:
 
     def to_json(self) -> dict[str, str]:
         return {"name": self.name, "status": self.status.value, "detail": self.detail}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SglangRules:
-    """Which of SGLang's version-dependent behaviours apply."""
-
-    version: str | None  # None: unknown, newest rules
-    auto_sizing: bool  # neither --hicache-size nor --hicache-ratio: sized from host memory
-    check_divides_by_ranks: bool  # SGLang's own check divides the budget by ranks per host
-
-
-def _version_tuple(version: str) -> tuple[int, ...] | None:
-    match = re.match(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", version)
-    if not match:
-        return None
-    return tuple(int(x) if x is not None else 0 for x in match.groups())
-
-
-def rules_for_version(version: str | None) -> SglangRules:
-    """SGLang's rules for a version string; unknown or unparsable versions get the newest rules."""
-    parsed = _version_tuple(version) if version else None
-    if parsed is None:
-        return SglangRules(version=version, auto_sizing=True, check_divides_by_ranks=True)
-    return SglangRules(
-        version=version,
-        auto_sizing=parsed >= _AUTO_SIZING_SINCE,
-        check_divides_by_ranks=parsed >= _DIVIDED_CHECK_SINCE,
-    )
 
 
 def check_memlock(limit_bytes: int | None, readable: bool = True) -> Check:
@@ -168,6 +134,8 @@ class FitReport:
     avg_request_tokens: int
     sglang_version: str | None
     checks: tuple[Check, ...]
+    sglang_rules: str = ""  # whose rules were applied (SglangRules.describe)
+    device_tokens_source: str = "estimate"  # "measured": from a previous run's own log
     suggested_argv: tuple[str, ...] | None = None
     numa: tuple[dict[str, int], ...] = field(default_factory=tuple)
 
@@ -212,6 +180,8 @@ class FitReport:
             "safe_concurrent_requests": self.safe_concurrent_requests,
             "numa": [dict(n) for n in self.numa],
             "sglang_version": self.sglang_version,
+            "sglang_rules": self.sglang_rules,
+            "device_tokens_source": self.device_tokens_source,
             "suggested_argv": list(self.suggested_argv) if self.suggested_argv else None,
             "checks": [c.to_json() for c in self.checks],
         }
@@ -235,6 +205,8 @@ class FitReport:
             + (f" + DSA indexer {indexer:,} B" if indexer else ""),
             f"  local ranks       {self.local_ranks} (each allocates its own host pool)",
         ]
+        if self.sglang_rules:
+            lines.insert(1, f"  rules             {self.sglang_rules}")
         if self.device_tokens_per_rank is None:
             lines.append("  device KV         unknown (no GPU memory read or given)")
         else:

@@ -18,7 +18,7 @@ DEFAULT_RATIO_CACHE = 2.0
 DEFAULT_RATIO_BUFFER_ONLY = 1.2
 # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES (docs/sglang.md §1.6).
 SGLANG_HOST_RESERVE_BYTES = 10 * GiB
-# Auto-sizing (PR #40135) spends 95 % of its per-rank budget and never exceeds ratio 2.0.
+# Auto-sizing (PR #40135) spends 95 % of its per-rank budget and never exceeds the mode's default.
 _AUTO_SIZE_HEADROOM = 0.95
 # mem_fraction_static when the GPU memory is unknown (docs/sglang.md §1.4).
 DEFAULT_MEM_FRACTION_UNKNOWN_GPU = 0.95
@@ -175,14 +175,19 @@ def estimate_auto_ratio(
     host_memory_fraction: float,
     device_tokens: int,
     bytes_per_token: int,
+    requested_ratio: float,
 ) -> float:
-    """The ratio SGLang's HiCache auto-sizing picks (docs/sglang.md §1.5); ≤ 0: it raises."""
-    budget = (usable_bytes - SGLANG_HOST_RESERVE_BYTES) // max(1, ranks_per_host)
-    budget_f = budget * host_memory_fraction
+    """The ratio SGLang's HiCache auto-sizing picks (docs/sglang.md §1.5); ≤ 0: it raises.
+
+    `requested_ratio` is the default ratio of the mode (`default_hicache_ratio`): auto-sizing
+    only ever lowers it (mem_cache/hicache_auto_size.py `auto_size_hicache`).
+    """
+    budget = int((usable_bytes - SGLANG_HOST_RESERVE_BYTES) // max(1, ranks_per_host))
+    budget_f = int(budget * host_memory_fraction)
     device_bytes = device_tokens * bytes_per_token
     if device_bytes <= 0:
         return 0.0
-    return min(DEFAULT_RATIO_CACHE, budget_f * _AUTO_SIZE_HEADROOM / device_bytes)
+    return min(requested_ratio, budget_f * _AUTO_SIZE_HEADROOM / device_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -66,7 +66,8 @@ class ServerHandle(Protocol):
         ...
 
     def terminate(self, reason: KillReason) -> None:
-        """Record `reason` and ask the server to exit (SIGTERM)."""
+        """Record `reason` and ask the server to drain and exit (SIGTERM to its main process
+        only: SGLang's children have no handler and would die mid-request)."""
         ...
 
     def tail(self) -> tuple[str, ...]:

@@ -1,25 +1,38 @@
-"""Read SGLang's `launch_server` argv the way its argparse does, without importing SGLang.
+"""Read SGLang's `launch_server` argv into a LaunchPlan, the way SGLang's argparse reads it.
 
-Only the memory and topology flags are interpreted; every other token passes through untouched and
-the user's argv is never reordered. Spelling rules mirrored from SGLang (docs/sglang.md §2.1):
-names are "--" + field with dashes plus explicit aliases, underscore spellings are not SGLang's,
-and argparse's unique-prefix abbreviation is on (`--tp 8` works, `--pp 2` is ambiguous).
+The argv is parsed with the release's own flag table (core/sglang_cli.py): unknown flags,
+ambiguous abbreviations, invalid choices and a missing --model-path are refused in SGLang's
+words, and a repeated flag counts once, the last one winning. Only the memory and topology flags
+become plan fields (core/sglang_flags.py); the user's argv is never reordered, and edits
+(`with_flag_value`) and redaction change tokens in place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from supervisor.core.sglang_flags import ALL_NAMES, BY_NAME, OTHER_FLAGS, Option
+from supervisor.core.sglang_cli import (
+    ArgvError,
+    CliRules,
+    CliTable,
+    merge_yaml,
+    option_spans,
+    parse_cli,
+)
+from supervisor.core.sglang_flags import OPTIONS, SECRET_FLAGS
+from supervisor.core.sglang_versions import rules_for_version
 
-
-class ArgvError(ValueError):
-    """The launch_server argv is malformed or contradicts itself (exit 2)."""
-
-
-# The flags whose values are secrets: redacted in every log line, state file and report.
-SECRET_FLAGS: frozenset[str] = frozenset({"--api-key", "--admin-api-key"})
+__all__ = [
+    "SECRET_FLAGS",
+    "ArgvError",
+    "LaunchPlan",
+    "parse_launch_args",
+    "redact_argv",
+    "with_flag_value",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +79,10 @@ class LaunchPlan:
     served_model_name: str | None = None
     config_file: str | None = None
     tokenizer_worker_num: int = 1
-    numa_node: str | None = None
+    numa_node: tuple[int, ...] | None = None
+    chunked_prefill_size: int | None = None
+    repeated: tuple[str, ...] = ()  # flags given more than once (SGLang takes the last)
+    unknown: tuple[str, ...] = ()  # flags the table lacks, passed on (a newer SGLang)
 
     @property
     def data_parallel_replicas(self) -> int:
@@ -133,94 +149,69 @@ class LaunchPlan:
         return tuple(ids)
 
 
-def _resolve_name(token: str) -> str | None:
-    """Map an option token to its full name, applying argparse's unique-prefix rule.
-
-    Returns None for tokens that are not one of the interpreted flags (they pass through).
-
-    Raises:
-        ArgvError: the abbreviation matches more than one launch_server flag.
-    """
-    if token in BY_NAME:
-        return token
-    if token in OTHER_FLAGS:
-        return None
-    candidates = [name for name in ALL_NAMES if name.startswith(token)]
-    if not candidates:
-        return None
-    targets = {(BY_NAME[c].dest if c in BY_NAME else c) for c in candidates}
-    if len(candidates) > 1 and len(targets) > 1:
-        raise ArgvError(f"ambiguous option: {token} could match {', '.join(candidates)}")
-    first = candidates[0]
-    return first if first in BY_NAME else None
+def _default_rules() -> CliRules:
+    """Argv read after the start (already checked then): the newest table, unknown flags kept."""
+    rules = rules_for_version(None).cli()
+    return CliRules(rules.table, passthrough_unknown=True, yaml_any_spelling=True)
 
 
-def _iter_options(argv: Sequence[str]) -> list[tuple[int, str, Option, str | None, int]]:
-    """Find interpreted options: (index, token name, option, value, tokens consumed)."""
-    found: list[tuple[int, str, Option, str | None, int]] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if not token.startswith("--") or token == "--":
-            i += 1
-            continue
-        name_part, has_eq, inline = token.partition("=")
-        if "_" in name_part and name_part not in BY_NAME:
-            dashed = name_part.replace("_", "-")
-            if _resolve_name(dashed) is not None:
-                raise ArgvError(
-                    f"{name_part} is not a launch_server flag: SGLang spells it {dashed}"
-                )
-        full = _resolve_name(name_part)
-        if full is None:
-            i += 1
-            continue
-        opt = BY_NAME[full]
-        if opt.convert is None:
-            if has_eq:
-                raise ArgvError(f"{name_part} takes no value (got {token!r})")
-            found.append((i, name_part, opt, None, 1))
-            i += 1
-            continue
-        if has_eq:
-            found.append((i, name_part, opt, inline, 1))
-            i += 1
-            continue
-        if i + 1 >= len(argv) or (argv[i + 1].startswith("--") and argv[i + 1] != "--"):
-            raise ArgvError(f"{name_part} expects a value")
-        found.append((i, name_part, opt, argv[i + 1], 2))
-        i += 2
-    return found
-
-
-def parse_launch_args(argv: Sequence[str]) -> LaunchPlan:
+def parse_launch_args(
+    argv: Sequence[str],
+    rules: CliRules | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> LaunchPlan:
     """Interpret the memory and topology flags of a launch_server argv.
 
+    `config` is the mapping of the YAML file named by `--config`, when there is one (the
+    caller reads files; this function merges them as SGLang does).
+
     Raises:
-        ArgvError: a value of the wrong type, an ambiguous abbreviation, or two flags that
-            contradict each other; the message names the flag.
+        ArgvError: what SGLang's parser refuses (its own message), a value the supervisor cannot
+            use (the flag named), or two flags that contradict each other.
     """
+    rules = rules or _default_rules()
+    merged = tuple(argv)
+    if config is not None:
+        merged = merge_yaml(argv, config, rules.table, all_spellings=rules.yaml_any_spelling)
+    try:
+        parsed = parse_cli(merged, rules)
+    except ArgvError as exc:
+        raise ArgvError(f"{exc}{_spelling_hint(merged, rules.table)}") from None
     values: dict[str, object] = {}
-    spelled: dict[str, str] = {}
-    for _index, name, opt, raw, _consumed in _iter_options(argv):
-        if opt.convert is None:
-            value: object = True
-        else:
-            assert raw is not None  # _iter_options always pairs a valued option with its value
-            try:
-                value = opt.convert(raw)
-            except ValueError as exc:
-                hint = f" ({opt.reason})" if opt.reason else ""
-                raise ArgvError(f"{name} {raw!r}: {exc}{hint}") from None
-        if opt.dest in values and values[opt.dest] != value:
-            raise ArgvError(
-                f"contradicting flags: {spelled[opt.dest]} {values[opt.dest]} and {name} {value}"
-            )
-        values[opt.dest] = value
-        spelled[opt.dest] = name
-    plan = LaunchPlan(argv=tuple(argv), given=frozenset(values), **values)  # type: ignore[arg-type]
+    for option in OPTIONS:
+        flag = next((f for n in option.names if (f := rules.table.flag(n)) is not None), None)
+        if flag is None or flag.dest not in parsed.values:
+            continue
+        raw = parsed.values[flag.dest]
+        if option.convert is None:
+            values[option.dest] = bool(raw)
+            continue
+        try:
+            values[option.dest] = option.convert(raw)
+        except ValueError as exc:
+            hint = f" ({option.reason})" if option.reason else ""
+            raise ArgvError(f"{option.names[0]} {raw!r}: {exc}{hint}") from None
+    plan = LaunchPlan(
+        argv=tuple(argv),
+        given=frozenset(values),
+        repeated=parsed.repeated,
+        unknown=parsed.unknown,
+        **values,  # type: ignore[arg-type]  # each converter returns its field's type
+    )
     _check_consistency(plan)
     return plan
+
+
+def _spelling_hint(argv: Sequence[str], table: CliTable) -> str:
+    """Name the right spelling of `--tp_size`-style tokens (argparse only says "unrecognized")."""
+    fixes = []
+    for token in argv:
+        name = token.partition("=")[0]
+        if name.startswith("--") and "_" in name and name not in table.by_name:
+            flag = table.flag(name.replace("_", "-"))
+            if flag is not None:
+                fixes.append(f"{name} as {flag.names[0]}")
+    return f" (SGLang spells {', '.join(fixes)})" if fixes else ""
 
 
 def _check_consistency(plan: LaunchPlan) -> None:
@@ -239,47 +230,52 @@ def _check_consistency(plan: LaunchPlan) -> None:
             f"contradicting flags: --attn-dp-size {plan.attn_dp_size} must divide "
             f"--tp-size {plan.tp_size}"
         )
-    if plan.hicache_host_memory_mode not in ("cache", "buffer_only"):
-        raise ArgvError(
-            f"--hicache-host-memory-mode {plan.hicache_host_memory_mode!r}: "
-            "must be cache or buffer_only"
-        )
 
 
-def with_flag_value(argv: Sequence[str], flag: str, value: str) -> tuple[str, ...]:
+def _table(table: CliTable | None) -> CliTable:
+    return table or _default_rules().table
+
+
+def with_flag_value(
+    argv: Sequence[str], flag: str, value: str, table: CliTable | None = None
+) -> tuple[str, ...]:
     """Return argv with every occurrence of `flag` (any alias or abbreviation) set to `value`.
 
     The flag is appended when absent; nothing else in argv moves.
     """
-    opt = BY_NAME[flag]
+    table = _table(table)
+    target = table.flag(flag)
     out = list(argv)
-    occurrences = [hit for hit in _iter_options(argv) if hit[2].dest == opt.dest]
-    for index, name, _opt, _raw, consumed in reversed(occurrences):
-        if consumed == 1:
-            out[index] = f"{name}={value}"
+    hits = [s for s in option_spans(argv, table) if target is not None and s[1].dest == target.dest]
+    for index, _flag, token, value_indexes in reversed(hits):
+        if "=" in token or not value_indexes:
+            out[index] = f"{token.partition('=')[0]}={value}"
         else:
-            out[index + 1] = value
-    if not occurrences:
+            out[value_indexes[0]] = value
+    if not hits:
         out.extend([flag, value])
     return tuple(out)
 
 
-def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
+_SECRET_TOKEN = re.compile(r"^(--(?:admin-)?api-key=)(.+)$")
+
+
+def redact_argv(argv: Sequence[str], table: CliTable | None = None) -> tuple[str, ...]:
     """argv with the values of secret flags (`--api-key`, `--admin-api-key`) replaced by ***."""
+    table = _table(table)
     out = list(argv)
-    try:
-        hits = _iter_options(argv)
-    except ArgvError:
-        hits = []
-    for index, _name, opt, _raw, consumed in hits:
-        if not any(n in SECRET_FLAGS for n in opt.names):
+    secret_dests = {f.dest for n in SECRET_FLAGS if (f := table.flag(n)) is not None}
+    for index, flag, token, value_indexes in option_spans(argv, table):
+        if flag.dest not in secret_dests:
             continue
-        if consumed == 1:
-            out[index] = out[index].partition("=")[0] + "=***"
-        else:
-            out[index + 1] = "***"
-    # Belt and braces for spellings the parser does not resolve (e.g. after a stray "--").
+        if "=" in token:
+            out[index] = token.partition("=")[0] + "=***"
+        for i in value_indexes:
+            out[i] = "***"
+    # Belt and braces for spellings the table does not resolve (e.g. after a stray "--").
     for i, token in enumerate(out):
         if token in SECRET_FLAGS and i + 1 < len(out):
             out[i + 1] = "***"
+        elif (match := _SECRET_TOKEN.match(token)) is not None:
+            out[i] = match.group(1) + "***"
     return tuple(out)

@@ -1,6 +1,8 @@
-"""The launch_server flags the supervisor interprets, their aliases and value checks.
+"""The launch_server flags the supervisor interprets, and the checks of their values.
 
-Data for supervisor/core/sglang_args.py: SGLang 0.5.23's names and defaults (docs/sglang.md §2).
+SGLang's own table of every flag (names, arity, type, choices) is core/sglang_cli_data.py; this
+module says which of them the supervisor reads into a LaunchPlan, under which name, and what
+it accepts (docs/sglang.md §2). A flag an older release lacks is simply never given there.
 """
 
 from __future__ import annotations
@@ -11,73 +13,64 @@ from dataclasses import dataclass
 from supervisor.core.units import parse_token_count
 
 
-def _nonneg_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
+def _nonneg_int(value: object) -> int:
+    number = int(str(value))
+    if number < 0:
         raise ValueError("must not be negative")
-    return value
+    return number
 
 
-def _pos_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
+def _pos_int(value: object) -> int:
+    number = int(str(value))
+    if number < 1:
         raise ValueError("must be at least 1")
-    return value
+    return number
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
+def _fraction(value: object) -> float:
+    number = float(str(value))
+    if not 0.0 < number <= 1.0:
         raise ValueError("must be in (0, 1]")
-    return value
+    return number
 
 
-def _pos_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise ValueError("must be positive")
-    return value
+def _pos_float(value: object) -> float:
+    number = float(str(value))
+    if not number > 0:  # NaN fails too
+        raise ValueError("must be a positive number")
+    return number
 
 
-def _str(text: str) -> str:
-    return text
+def _str(value: object) -> str:
+    return str(value)
 
 
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 < value < 65536:
+def _port(value: object) -> int:
+    number = int(str(value))
+    if not 0 < number < 65536:
         raise ValueError("must be a TCP port (1-65535)")
-    return value
+    return number
 
 
-def _tokens(text: str) -> int:
-    return parse_token_count(text)
+def _tokens(value: object) -> int:
+    return parse_token_count(str(value))
+
+
+def _int(value: object) -> int:
+    return int(str(value))
+
+
+def _ints(value: object) -> tuple[int, ...]:
+    items = value if isinstance(value, list | tuple) else [value]
+    return tuple(_nonneg_int(v) for v in items)
 
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    dest: str
-    names: tuple[str, ...]
-    convert: Callable[[str], object] | None  # None: a store_true flag
+    dest: str  # the LaunchPlan field
+    names: tuple[str, ...]  # SGLang's spellings, the first being the flag's own
+    convert: Callable[[object], object] | None  # None: a switch
     reason: str = ""  # human description of the accepted values, for error messages
-
-
-_KV_DTYPES = (
-    "auto",
-    "fp8_e5m2",
-    "fp8_e4m3",
-    "mxfp8",
-    "bf16",
-    "bfloat16",
-    "nvfp4",
-    "fp4_mx_block16",
-)
-
-
-def _kv_dtype(text: str) -> str:
-    if text not in _KV_DTYPES:
-        raise ValueError(f"must be one of {', '.join(_KV_DTYPES)}")
-    return text
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -97,7 +90,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("node_rank", ("--node-rank",), _nonneg_int, "a non-negative integer"),
     Option("mem_fraction_static", ("--mem-fraction-static",), _fraction, "a fraction in (0, 1]"),
     Option("max_total_tokens", ("--max-total-tokens",), _tokens, "a token count like 131072"),
-    Option("kv_cache_dtype", ("--kv-cache-dtype",), _kv_dtype),
+    Option("kv_cache_dtype", ("--kv-cache-dtype",), _str),
     Option("page_size", ("--page-size",), _pos_int, "a positive integer"),
     Option("enable_hierarchical_cache", ("--enable-hierarchical-cache", "--enable-hicache"), None),
     Option("hicache_ratio", ("--hicache-ratio",), _pos_float, "a positive number"),
@@ -131,56 +124,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("served_model_name", ("--served-model-name",), _str),
     Option("config_file", ("--config",), _str),
     Option("tokenizer_worker_num", ("--tokenizer-worker-num",), _pos_int, "a positive integer"),
-    Option("numa_node", ("--numa-node",), _str),
+    Option("numa_node", ("--numa-node",), _ints, "GPU NUMA nodes, one integer each"),
+    Option("chunked_prefill_size", ("--chunked-prefill-size",), _int, "an integer (-1: off)"),
 )
 
-# Other launch_server flags that share prefixes with the ones above. They are passed through, but
-# argparse counts them when it resolves an abbreviation, so they make `--pp` ambiguous as in SGLang.
-OTHER_FLAGS: tuple[str, ...] = (
-    "--pp-max-micro-batch-size",
-    "--pp-async-batch-depth",
-    "--tokenizer-path",
-    "--tokenizer-mode",
-    "--detokenizer-worker-num",
-    "--tool-call-parser",
-    "--torch-compile-max-bs",
-    "--torchao-config",
-    "--model-impl",
-    "--model-loader-extra-config",
-    "--modelopt-quant",
-    "--max-running-requests",
-    "--max-prefill-tokens",
-    "--max-queued-requests",
-    "--ep-num-redundant-experts",
-    "--ep-dispatch-algorithm",
-    "--dist-init-addr",
-    "--dist-timeout",
-    "--disable-cuda-graph",
-    "--disable-radix-cache",
-    "--enable-torch-compile",
-    "--enable-mixed-chunk",
-    "--enable-cache-report",
-    "--hicache-write-policy",
-    "--hicache-io-backend",
-    "--hicache-storage-prefetch-policy",
-    "--host-port",
-    "--port-range",
-    "--weight-loader-prefetch-checkpoints",
-    "--weight-loader-drop-cache-after-load",
-    "--watchdog-timeout",
-    "--soft-watchdog-timeout",
-    "--nccl-port",
-    "--nccl-init-addr",
-    "--gated-launch-port",
-    "--trust-remote-code",
-    "--chunked-prefill-size",
-    "--cuda-graph-max-bs",
-    "--quantization",
-    "--dtype",
-    "--context-length",
-    "--log-level",
-    "--attention-backend",
-)
-
-BY_NAME: dict[str, Option] = {name: opt for opt in OPTIONS for name in opt.names}
-ALL_NAMES: tuple[str, ...] = tuple(sorted(set(BY_NAME) | set(OTHER_FLAGS)))
+# Flags whose values are secrets: masked in every log line, state file and report.
+SECRET_FLAGS: frozenset[str] = frozenset({"--api-key", "--admin-api-key"})

@@ -11,7 +11,6 @@ import structlog
 
 from supervisor.config import WatchdogConfig
 from supervisor.core.classify import FailureKind
-from supervisor.core.sglang_args import ArgvError, parse_launch_args
 from supervisor.core.shrink import ShrinkDecision, decide_shrink
 from supervisor.core.units import GB
 from supervisor.run.death import DeathReport
@@ -30,12 +29,8 @@ def restart_smaller(
     """
     if report.classification.kind is not FailureKind.MEMORY_KILL:
         return None
-    try:
-        launched = parse_launch_args(report.argv)
-    except ArgvError:
-        return None
     decision = decide_shrink(
-        launched,
+        report.plan,
         pool_bytes_per_rank=report.fit.host_pool_bytes_per_rank if report.fit else None,
         shrink_factor=cfg.shrink_factor,
         min_size_gb=max(1, cfg.min_hicache_size_bytes // GB),

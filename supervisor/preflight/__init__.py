@@ -1,5 +1,6 @@
 """The pre-flight: plan a launch against this host's memory before anything starts."""
 
-from supervisor.preflight.plan import parse_plan, run_preflight, suggested_argv
+from supervisor.preflight.plan import run_preflight, suggested_argv
+from supervisor.preflight.reader import launch_reader
 
-__all__ = ["parse_plan", "run_preflight", "suggested_argv"]
+__all__ = ["launch_reader", "run_preflight", "suggested_argv"]

@@ -12,18 +12,15 @@ from pathlib import Path
 
 from supervisor.adapters.host import HostProbe, HostReadError, is_port_bound
 from supervisor.adapters.model_config import ModelInfo
-from supervisor.adapters.sglang_version import installed_sglang_version, interpreter_for
 from supervisor.config import SupervisorConfig
 from supervisor.core import fit
 from supervisor.core.checks import (
     Check,
-    SglangRules,
     Status,
     check_gpu_holders,
     check_hugepages,
     check_memlock,
     check_shm,
-    rules_for_version,
 )
 from supervisor.core.ports import GpuSensor
 from supervisor.core.readings import GpuState
@@ -101,14 +98,6 @@ def read_gpus(config: SupervisorConfig, plan: LaunchPlan, sensor: GpuSensor | No
         states=tuple(targets),
         checks=(check,),
     )
-
-
-def sglang_rules(config: SupervisorConfig) -> SglangRules:
-    """The rules of the SGLang version given, else the one the server's interpreter has."""
-    version = config.host.sglang_version
-    if version is None:
-        version = installed_sglang_version(interpreter_for(config.server.command))
-    return rules_for_version(version)
 
 
 def numa_loads(

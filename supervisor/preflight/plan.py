@@ -20,8 +20,10 @@ from supervisor.core import fit, model_geometry
 from supervisor.core.assess import HostAssessment, assess_host
 from supervisor.core.checks import Check, FitReport, Status
 from supervisor.core.ports import GpuSensor
-from supervisor.core.sglang_args import ArgvError, LaunchPlan, parse_launch_args, redact_argv
+from supervisor.core.sglang_args import LaunchPlan, redact_argv
 from supervisor.core.sglang_args import with_flag_value as _with_flag_value
+from supervisor.core.sglang_launch import LaunchReader
+from supervisor.core.sglang_versions import SglangRules
 from supervisor.core.units import GB
 from supervisor.errors import ConfigError
 from supervisor.preflight.inputs import (
@@ -31,8 +33,8 @@ from supervisor.preflight.inputs import (
     numa_loads,
     read_gpus,
     resolve_relative,
-    sglang_rules,
 )
+from supervisor.preflight.reader import launch_reader, read_plan
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,17 +56,6 @@ class _Device:
     weights_per_rank_bytes: int | None
     tokens: int | None
     checks: tuple[Check, ...]
-
-
-def parse_plan(argv: Sequence[str]) -> LaunchPlan:
-    """The launch plan, with argv mistakes as ConfigError (exit 2)."""
-    try:
-        plan = parse_launch_args(argv)
-    except ArgvError as exc:
-        raise ConfigError(f"launch_server arguments: {exc}") from None
-    if not plan.model_path:
-        raise ConfigError("launch_server arguments: --model-path is missing")
-    return plan
 
 
 def _model(config: SupervisorConfig, plan: LaunchPlan, config_dir: Path | None) -> _Model:
@@ -164,18 +155,22 @@ def run_preflight(
     probe: HostProbe | None = None,
     env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
+    reader: LaunchReader | None = None,
 ) -> FitReport:
     """Decide whether `argv` (launch_server's arguments) fits this host, or the one described.
 
     `gpu_sensor` is read once unless `[host]` gives the GPU facts; None: no GPU is read.
+    `reader` reads the argv (the run loop passes its own); None: resolved here.
 
     Raises:
-        ConfigError: bad argv, missing or malformed model config, or an unreadable /proc/meminfo
-            with no `mem_available` given (exit 2).
+        ConfigError: bad argv or SGLang `--config` file, missing or malformed model config, an
+            unknown `--sglang-version`, or an unreadable /proc/meminfo with no `mem_available`
+            given (exit 2).
     """
     probe = probe or HostProbe()
     env = dict(os.environ if env is None else env) | dict(config.server.env)
-    plan = parse_plan(argv)
+    reader = reader or launch_reader(config, argv)
+    plan = read_plan(reader, argv)
     model = _model(config, plan, config_dir)
     planning = config.host.mem_available_bytes is not None
     gpus = read_gpus(config, plan, gpu_sensor)
@@ -184,7 +179,7 @@ def run_preflight(
     usable = available if cgroup is None else min(available, cgroup)
     budget = _budget(config, plan, model, usable)
     numa, numa_checks = numa_loads(config, plan, gpus, probe, planning)
-    rules = sglang_rules(config)
+    rules = reader.rules
     host = assess_host(
         plan=plan,
         bytes_per_token=model.bytes_per_token,
@@ -195,14 +190,14 @@ def run_preflight(
         rules=rules,
         cgroup_limited=cgroup is not None,
     )
-    checks = [model_check(model.info), *gpus.checks, *device.checks, *host_checks, *numa_checks]
+    notes = [Check("sglang_args", Status.WARN, note) for note in reader.notes(plan)]
+    checks = [*notes, model_check(model.info), *gpus.checks, *device.checks, *host_checks]
+    checks += numa_checks
     checks.extend(host.checks)
     if not planning:
         pools = None if host.pool_bytes is None else host.pool_bytes * plan.local_ranks
         checks.extend(local_checks(plan, gpus, probe, env, pools))
-    return _report(
-        argv, plan, model, gpus, device, host, budget, numa, rules.version, config, checks
-    )
+    return _report(argv, plan, model, gpus, device, host, budget, numa, rules, config, checks)
 
 
 def _report(
@@ -214,7 +209,7 @@ def _report(
     host: HostAssessment,
     budget: fit.HostBudget,
     numa: Sequence[fit.NumaLoad],
-    version: str | None,
+    rules: SglangRules,
     config: SupervisorConfig,
     checks: Sequence[Check],
 ) -> FitReport:
@@ -244,7 +239,8 @@ def _report(
         equivalent_ratio=(host.safe_host_tokens / tokens) if safe and tokens else None,
         safe_host_tokens_per_rank=host.safe_host_tokens,
         avg_request_tokens=config.preflight.avg_request_tokens,
-        sglang_version=version,
+        sglang_version=rules.version,
+        sglang_rules=rules.describe,
         checks=tuple(checks),
         suggested_argv=suggested_argv(argv, safe),
         numa=tuple(

@@ -16,6 +16,7 @@ from supervisor.core.classify import Classification, DeathContext, FailureKind, 
 from supervisor.core.events import KillReason
 from supervisor.core.ports import Clock, LaunchedServer, Processes
 from supervisor.core.readings import ExitStatus
+from supervisor.core.sglang_args import LaunchPlan
 
 log = structlog.get_logger("supervisor.run")
 
@@ -44,6 +45,7 @@ class DeathReport:
     was_ready: bool
     pids: tuple[int, ...]  # the tree's processes that were killed
     argv: tuple[str, ...]  # as launched (override / auto-size applied)
+    plan: LaunchPlan  # how SGLang read that argv (its --config YAML merged in)
     fit: FitReport | None  # the pre-flight's report for that argv (None: it did not run)
 
 

@@ -83,6 +83,9 @@ def describe_settings(settings: RunSettings, plan: LaunchPlan) -> dict[str, Any]
     return {
         "server_command": [redact_line(t) for t in redact_argv(settings.server_command)],
         "server_args": list(redact_argv(settings.server_args)),
+        "sglang_rules": settings.reader.rules.describe,
+        "sglang_config_file": settings.reader.yaml_path,
+        "argv_warnings": list(settings.reader.notes(plan)),
         "server_env": redact_env(settings.config.server.env),
         "crash_dumps": settings.config.server.crash_dumps,
         "state_dir": str(settings.state_dir),
@@ -133,7 +136,11 @@ def preflight_gate(
 
     def preflight(args: Sequence[str]) -> FitReport:
         return run_preflight(
-            settings.config, args, gpu_sensor=sensor, config_dir=settings.config_dir
+            settings.config,
+            args,
+            gpu_sensor=sensor,
+            config_dir=settings.config_dir,
+            reader=settings.reader,
         )
 
     try:

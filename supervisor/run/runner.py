@@ -32,7 +32,7 @@ from supervisor.core.ports import (
     LaunchedServer,
 )
 from supervisor.core.redact import Redactor, secret_values
-from supervisor.core.sglang_args import parse_launch_args, redact_argv
+from supervisor.core.sglang_args import redact_argv
 from supervisor.errors import (
     CrashLoop,
     GpuUnrecoverable,
@@ -78,7 +78,7 @@ class Runner:
         self.events = io.events
         self.notifier = io.notifier
         self.wait_clock = EventClock(io.clock, io.events, on_tick=self._feed_watchdog)
-        self.plan = parse_launch_args(settings.server_args)
+        self.plan = settings.reader.plan(settings.server_args)
         self.release = GpuRelease(
             settings.config.gpu,
             self.plan.local_gpu_ids(),
@@ -136,7 +136,7 @@ class Runner:
         monitor: LaunchMonitor | None = None
         try:
             info = LaunchInfo(
-                run_id=self.run_id, argv=argv, plan=parse_launch_args(argv), fit=self.fit
+                run_id=self.run_id, argv=argv, plan=self.settings.reader.plan(argv), fit=self.fit
             )
             monitor = monitor_for(server, self.io, self.run_cfg, self.plan)
             oom_kills_at_launch = self.io.processes.oom_kill_count()
@@ -285,6 +285,7 @@ class Runner:
             was_ready=was_ready,
             pids=pids,
             argv=argv,
+            plan=self.settings.reader.plan(argv),
             fit=self.fit,
         )
         for hook in self.plugins.death_hooks:
@@ -348,11 +349,17 @@ class Runner:
         self.set_state(ServerState.STOPPED)
 
     def stop_server(self, server: LaunchedServer) -> None:
-        """SIGTERM the server, wait stop_grace (SGLang drains), SIGKILL everything, reap."""
-        self.set_state(ServerState.STOPPING, reason=self.stop_reason)
+        """SIGTERM the main process, wait for it to drain and exit, SIGKILL everything, reap.
+
+        The grace is stop_grace on node 0 and worker_stop_grace on nodes with --node-rank >= 1,
+        whose main process does not drain but waits for rank 0's shutdown broadcast.
+        """
+        worker = self.plan.node_rank >= 1
+        grace_s = self.run_cfg.worker_stop_grace_s if worker else self.run_cfg.stop_grace_s
+        self.set_state(ServerState.STOPPING, reason=self.stop_reason, grace_s=grace_s)
         self.notifier.stopping(f"stopping (run {self.run_id})")
         server.terminate(STOP_REQUESTED)
-        deadline = self.clock.monotonic() + self.run_cfg.stop_grace_s
+        deadline = self.clock.monotonic() + grace_s
         while server.poll() is None and (left := deadline - self.clock.monotonic()) > 0:
             event = self.events.get(min(_STOP_POLL_S, left))
             if isinstance(event, SignalEvent):

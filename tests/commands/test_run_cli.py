@@ -74,13 +74,21 @@ def test_bad_input_exits_2_naming_what_is_wrong(tmp_path, capsys, config, option
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(["--tp-size", "two"], "--tp-size 'two'"), (["--pp", "2"], "ambiguous option: --pp")],
+    [
+        (["--tp-size", "two"], "argument --tp-size/--tensor-parallel-size: invalid int value"),
+        (["--pp", "2"], "ambiguous option: --pp could match"),
+        (["--hicache-storage-backend", "bogus"], "--hicache-storage-backend: invalid choice"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
 )
-def test_malformed_launch_server_arguments_are_bad_input(tmp_path, capsys, args, message):
+def test_arguments_sglang_would_reject_exit_3_before_anything_starts(
+    tmp_path, capsys, args, message
+):
+    state = tmp_path / "state"
     code, err = run_cli(
         capsys,
         "--state-dir",
-        str(tmp_path),
+        str(state),
         "--server-command",
         FAKE,
         "--",
@@ -88,8 +96,81 @@ def test_malformed_launch_server_arguments_are_bad_input(tmp_path, capsys, args,
         "m",
         *args,
     )
-    assert code == 2
+    assert code == 3
     assert f"launch_server arguments: {message}" in err
+    assert not state.exists()  # nothing claimed, nothing launched
+
+
+def test_a_missing_model_path_exits_3_in_sglang_s_words(tmp_path, capsys):
+    code, err = run_cli(
+        capsys, "--state-dir", str(tmp_path), "--server-command", FAKE, "--", "--tp", "2"
+    )
+    assert code == 3
+    assert "the following arguments are required: --model-path/--model" in err
+
+
+def test_flags_of_a_newer_release_are_refused_for_the_configured_one(tmp_path, capsys):
+    """[host] sglang_version 0.5.20 has no --hicache-host-memory-fraction (0.5.21 added it)."""
+    path = tmp_path / "run.toml"
+    path.write_text('[host]\nsglang_version = "0.5.20"\n')
+    argv = ["--model-path", "m", "--hicache-host-memory-fraction", "0.5"]
+    code, err = run_cli(
+        capsys,
+        "--config",
+        str(path),
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--server-command",
+        FAKE,
+        "--",
+        *argv,
+    )
+    assert code == 3
+    assert "unrecognized arguments: --hicache-host-memory-fraction" in err
+    assert "as SGLang 0.5.20 reads them" in err
+
+
+@pytest.mark.parametrize(
+    ("yaml_name", "text", "message"),
+    [
+        ("missing.yaml", None, "Config file not found: {path}"),
+        ("bad.yaml", "tp: 8\n  x: [\n", "line 2"),
+        ("list.yaml", "- tp\n", "must contain a dictionary at root level"),
+        ("flags.json", "{}", "must be YAML format"),
+    ],
+)
+def test_a_bad_sglang_config_file_is_bad_input_naming_the_file(
+    tmp_path, capsys, yaml_name, text, message
+):
+    config = tmp_path / yaml_name
+    if text is not None:
+        config.write_text(text)
+    argv = ["--model-path", "m", "--config", str(config)]
+    code, err = run_cli(
+        capsys, "--state-dir", str(tmp_path / "s"), "--server-command", FAKE, "--", *argv
+    )
+    assert code == 2
+    assert f"launch_server --config {config}" in err
+    assert message.format(path=config) in err
+
+
+def test_an_unknown_sglang_version_is_bad_input(tmp_path, capsys):
+    path = tmp_path / "run.toml"
+    path.write_text('[host]\nsglang_version = "banana"\n')
+    code, err = run_cli(
+        capsys,
+        "--config",
+        str(path),
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--server-command",
+        FAKE,
+        "--",
+        "--model-path",
+        "m",
+    )
+    assert code == 2
+    assert "'banana' is not an SGLang version" in err
 
 
 def test_no_launch_server_arguments_is_bad_input(tmp_path, capsys):

@@ -17,7 +17,6 @@ from supervisor.core.checks import (
     check_hugepages,
     check_memlock,
     check_shm,
-    rules_for_version,
 )
 from supervisor.core.sglang_args import parse_launch_args
 from supervisor.core.units import GB, GiB, MiB
@@ -223,16 +222,18 @@ def test_device_tokens_are_page_floored_and_capped():
     assert fit.estimate_device_tokens(**{**kwargs, "weights_per_rank_bytes": 95 * GB}) == 0
 
 
-def test_auto_sizing_ratio_is_capped_at_2_and_can_go_negative():
+@pytest.mark.parametrize("requested", [2.0, 1.2])
+def test_auto_sizing_only_lowers_the_mode_s_default_ratio_and_can_go_negative(requested):
     kwargs: dict[str, Any] = {
         "ranks_per_host": 8,
         "host_memory_fraction": 0.8,
         "device_tokens": 10_000_000,
         "bytes_per_token": 1000,
+        "requested_ratio": requested,
     }
-    assert fit.estimate_auto_ratio(usable_bytes=2000 * GB, **kwargs) == 2.0
+    assert fit.estimate_auto_ratio(usable_bytes=2000 * GB, **kwargs) == requested
     small = fit.estimate_auto_ratio(usable_bytes=50 * GB, **kwargs)
-    assert 0 < small < 2.0
+    assert 0 < small < 1.2
     assert fit.estimate_auto_ratio(usable_bytes=5 * GB, **kwargs) < 0
 
 
@@ -268,16 +269,6 @@ def test_the_suggested_size_always_fits_and_one_more_does_not(cell, indexer, loc
 
 
 # --- checks and the report -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("version", "auto", "divided"),
-    [(None, True, True), ("0.5.23", True, True), ("0.6.0", True, True), ("0.4.9", False, False)],
-)
-def test_sglang_rules_follow_the_version_newest_when_unknown(version, auto, divided):
-    rules = rules_for_version(version)
-    assert (rules.auto_sizing, rules.check_divides_by_ranks) == (auto, divided)
-    assert rules_for_version("not-a-version").auto_sizing
 
 
 def test_host_check_decisions():

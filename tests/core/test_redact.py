@@ -19,7 +19,8 @@ def test_env_values_with_secret_names_are_masked():
 
 
 def test_api_keys_and_secret_env_values_are_masked_inside_lines():
-    plan = parse_launch_args(["--api-key", "sk-live-1234", "--admin-api-key=adm-9999"])
+    argv = ["--model-path", "m", "--api-key", "sk-live-1234", "--admin-api-key=adm-9999"]
+    plan = parse_launch_args(argv)
     secrets = secret_values(plan, {"HF_TOKEN": "hf_secretvalue", "PATH": "/usr/bin"})
     redact = Redactor(secrets)
     line = "server_args=ServerArgs(api_key='sk-live-1234', admin_api_key='adm-9999') hf_secretvalue"

@@ -6,16 +6,23 @@ import pytest
 
 from supervisor.core.sglang_args import (
     ArgvError,
+    LaunchPlan,
     parse_launch_args,
     redact_argv,
     with_flag_value,
 )
+from supervisor.core.sglang_versions import rules_for_version
 
 SEED = ["--model-path", "/models/kimi", "--tp-size", "8", "--enable-hierarchical-cache"]
+STRICT = rules_for_version("0.5.23").cli()  # as `run` and `preflight` read a 0.5.23 argv
+
+
+def parse(*args: str) -> LaunchPlan:
+    return parse_launch_args(["--model-path", "/m", *args], STRICT)
 
 
 def test_defaults_match_sglang() -> None:
-    plan = parse_launch_args(["--model-path", "/m"])
+    plan = parse()
     assert (plan.tp_size, plan.dp_size, plan.pp_size, plan.nnodes) == (1, 1, 1, 1)
     assert (plan.host, plan.port) == ("127.0.0.1", 30000)
     assert plan.hicache_size_gb == 0
@@ -35,83 +42,115 @@ def test_defaults_match_sglang() -> None:
     ],
 )
 def test_tp_spellings_and_unique_prefixes(argv: list[str]) -> None:
-    assert parse_launch_args(argv).tp_size == 8
+    assert parse(*argv).tp_size == 8
 
 
-def test_ambiguous_prefix_is_refused_like_argparse() -> None:
-    with pytest.raises(ArgvError, match="ambiguous option: --pp could match"):
-        parse_launch_args(["--pp", "2"])
+@pytest.mark.parametrize("prefix", ["--pp", "--enable-hi", "--kv", "--page"])
+def test_ambiguous_prefixes_are_refused_like_argparse(prefix: str) -> None:
+    with pytest.raises(ArgvError, match=f"ambiguous option: {prefix} could match"):
+        parse(prefix, "2")
+
+
+def test_prefixes_sglang_accepts_are_accepted() -> None:
+    """--ho and --po are unique in 0.5.23 (no --host-port, no --port-range there)."""
+    plan = parse("--ho", "0.0.0.0", "--po", "31000")
+    assert (plan.host, plan.port) == ("0.0.0.0", 31000)
 
 
 def test_underscore_spelling_is_refused_with_the_right_spelling() -> None:
-    with pytest.raises(ArgvError, match="SGLang spells it --tp-size"):
-        parse_launch_args(["--tp_size", "8"])
+    hint = r"unrecognized arguments: --tp_size 8 \(SGLang spells --tp_size as --tp-size\)"
+    with pytest.raises(ArgvError, match=hint):
+        parse("--tp_size", "8")
+
+
+@pytest.mark.parametrize("flag", ["--torchao-config", "--host-port", "--some-new-flag"])
+def test_flags_the_release_lacks_are_refused_in_sglang_s_words(flag: str) -> None:
+    with pytest.raises(ArgvError, match=f"unrecognized arguments: {flag} x"):
+        parse(flag, "x")
+
+
+def test_an_invalid_choice_is_refused_in_sglang_s_words() -> None:
+    with pytest.raises(ArgvError, match="argument --hicache-storage-backend: invalid choice"):
+        parse("--hicache-storage-backend", "bogus")
+
+
+def test_a_missing_model_path_is_refused_in_sglang_s_words() -> None:
+    with pytest.raises(ArgvError, match="required: --model-path/--model"):
+        parse_launch_args(["--tp", "2"], STRICT)
 
 
 def test_model_alias_and_ep_alias() -> None:
-    plan = parse_launch_args(["--model", "/m", "--ep", "8"])
+    plan = parse_launch_args(["--model", "/m", "--ep", "8"], STRICT)
     assert plan.model_path == "/m"
     assert plan.ep_size == 8
 
 
 def test_dp_replicas_count_as_local_ranks_but_dp_attention_does_not() -> None:
-    assert parse_launch_args(["--tp", "4", "--dp-size", "2"]).local_ranks == 8
-    dp_attn = parse_launch_args(["--tp", "8", "--dp-size", "8", "--enable-dp-attention"])
+    assert parse("--tp", "4", "--dp-size", "2").local_ranks == 8
+    dp_attn = parse("--tp", "8", "--dp-size", "8", "--enable-dp-attention")
     assert dp_attn.local_ranks == 8
     assert dp_attn.attention_tp_size == 1
 
 
 def test_multi_node_divides_ranks() -> None:
-    plan = parse_launch_args(["--tp", "16", "--nnodes", "2", "--node-rank", "1"])
+    plan = parse("--tp", "16", "--nnodes", "2", "--node-rank", "1")
     assert plan.local_ranks == 8
 
 
 def test_gpu_ids_follow_base_and_step() -> None:
-    plan = parse_launch_args(["--tp", "2", "--base-gpu-id", "4", "--gpu-id-step", "2"])
+    plan = parse("--tp", "2", "--base-gpu-id", "4", "--gpu-id-step", "2")
     assert plan.local_gpu_ids() == (4, 6)
 
 
 def test_hicache_modes() -> None:
-    assert parse_launch_args([*SEED, "--hicache-size", "48"]).hicache_mode == "size"
-    assert parse_launch_args([*SEED, "--hicache-ratio", "2"]).hicache_mode == "ratio"
-    both = parse_launch_args([*SEED, "--hicache-ratio", "2", "--hicache-size", "10"])
+    assert parse(*SEED, "--hicache-size", "48").hicache_mode == "size"
+    assert parse(*SEED, "--hicache-ratio", "2").hicache_mode == "ratio"
+    both = parse(*SEED, "--hicache-ratio", "2", "--hicache-size", "10")
     assert both.hicache_mode == "size"  # SGLang: size wins over ratio
 
 
 def test_enable_hicache_alias() -> None:
-    assert parse_launch_args(["--enable-hicache"]).enable_hierarchical_cache
+    assert parse("--enable-hicache").enable_hierarchical_cache
+
+
+def test_numa_node_is_a_list_of_ints_indexed_by_gpu() -> None:
+    assert parse("--numa-node", "0", "0", "1", "1").numa_node == (0, 0, 1, 1)
+    with pytest.raises(ArgvError, match="invalid int value"):
+        parse("--numa-node", "zero")
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--hicache-size", "-5"], "--hicache-size '-5': must not be negative"),
-        (["--hicache-size", "4.5"], "--hicache-size '4.5'"),
-        (["--tp", "0"], "--tp '0'"),
-        (["--port", "70000"], "--port '70000'"),
-        (["--mem-fraction-static", "1.5"], "--mem-fraction-static '1.5'"),
-        (["--kv-cache-dtype", "fp7"], "must be one of"),
-        (["--tp-size"], "--tp-size expects a value"),
-        (["--enable-hicache=1"], "takes no value"),
-        (["--tp", "8", "--tensor-parallel-size", "4"], "contradicting flags: --tp 8"),
+        (["--hicache-size", "-5"], "--hicache-size -5: must not be negative"),
+        (["--hicache-size", "4.5"], "argument --hicache-size: invalid int value: '4.5'"),
+        (["--tp", "0"], "--tp-size 0: must be at least 1"),
+        (["--port", "70000"], "--port 70000: must be a TCP port"),
+        (["--mem-fraction-static", "1.5"], "--mem-fraction-static 1.5: must be in (0, 1]"),
+        (["--kv-cache-dtype", "fp7"], "argument --kv-cache-dtype: invalid choice: 'fp7'"),
+        (["--tp-size"], "argument --tp-size/--tensor-parallel-size: expected one argument"),
+        (["--enable-hicache=1"], "ignored explicit argument '1'"),
         (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 needs --nnodes above it"),
         (["--tp", "3", "--nnodes", "2"], "does not divide over --nnodes 2"),
     ],
 )
 def test_bad_values_name_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(ArgvError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        parse_launch_args(argv)
+        parse(*argv)
 
 
-def test_repeating_a_flag_with_the_same_value_is_fine() -> None:
-    assert parse_launch_args(["--tp", "8", "--tp-size", "8"]).tp_size == 8
+def test_a_repeated_flag_takes_the_last_value_and_is_reported() -> None:
+    plan = parse("--tp", "8", "--tensor-parallel-size", "4")
+    assert plan.tp_size == 4
+    assert plan.repeated == ("--tp-size",)
 
 
-def test_unknown_flags_pass_through_untouched() -> None:
+def test_unknown_flags_pass_through_untouched_for_a_newer_sglang() -> None:
     argv = ["--trust-remote-code", "--model-path", "/m", "--some-new-flag", "x", "--tp", "2"]
-    plan = parse_launch_args(argv)
+    plan = parse_launch_args(argv, rules_for_version("0.7.0").cli())
     assert plan.argv == tuple(argv)
     assert plan.tp_size == 2
+    assert plan.unknown == ("--some-new-flag",)
 
 
 def test_with_flag_value_replaces_in_place_in_every_spelling() -> None:
@@ -136,13 +175,11 @@ def test_redact_argv_hides_api_keys_in_both_forms() -> None:
 
 def test_gpu_ids_with_pipeline_stages_follow_sglangs_formula() -> None:
     """base + pp_rank × tp_per_node + tp_rank × gpu_id_step (docs/sglang.md §3), step on TP only."""
-    assert parse_launch_args(
-        ["--tp", "2", "--pp-size", "2", "--base-gpu-id", "4"]
-    ).local_gpu_ids() == (
+    assert parse("--tp", "2", "--pp-size", "2", "--base-gpu-id", "4").local_gpu_ids() == (
         4,
         5,
         6,
         7,
     )
-    stepped = parse_launch_args(["--tp", "2", "--pp-size", "2", "--gpu-id-step", "2"])
+    stepped = parse("--tp", "2", "--pp-size", "2", "--gpu-id-step", "2")
     assert stepped.local_gpu_ids() == (0, 2, 2, 4)

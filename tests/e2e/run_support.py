@@ -177,11 +177,14 @@ def supervisor(
     notify: bool = False,
     gpu_state_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
+    config_extra: str = "",
 ) -> Iterator[Supervisor]:
     """Start `python -m supervisor run` on the simulated server; at exit make sure that it and
-    its tree are gone (SIGKILL whatever is left, then wait for the tree)."""
+    its tree are gone (SIGKILL whatever is left, then wait for the tree). `config_extra` is
+    appended to the TOML config."""
     state_dir = state_dir or tmp_path / "state"
-    config = write_config(tmp_path, state_dir, backend="sim" if gpu_state_dir else "none")
+    backend = "sim" if gpu_state_dir else "none"
+    config = write_config(tmp_path, state_dir, config_extra, backend=backend)
     log_path = tmp_path / f"supervisor-{uuid.uuid4().hex[:6]}.log"
     env = {**fake_server_env(scenario, state_dir=gpu_state_dir), **(env or {})}
     notify_sock = None

@@ -69,6 +69,8 @@ def test_zombie_stopped_rank_and_failing_health_are_deaths_that_restart(
 def test_a_bad_flag_is_never_retried_and_sglangs_message_is_shown(
     tmp_path, free_port, simulated_process_guard
 ):
+    """An SGLang newer than every flag table: its unknown flags are passed on with a warning
+    (never blocked), and when SGLang itself refuses one, that is final."""
     scenario = {"bad_flags": ["--no-such-flag"]}
     with supervisor(
         tmp_path,
@@ -76,8 +78,11 @@ def test_a_bad_flag_is_never_retried_and_sglangs_message_is_shown(
         simulated_process_guard,
         scenario=scenario,
         server_args=("--tp", "2", "--no-such-flag"),
+        config_extra='\n[host]\nsglang_version = "0.9.0"\n',
     ) as sup:
         assert sup.wait_exit() == 3
+        settings = sup.events("settings")[0]
+        assert "passed on unchecked: --no-such-flag" in settings["argv_warnings"][0]
         assert len(sup.events("launching")) == 1
         assert sup.events("server_failed")[0]["failure"] == "bad_flags"
         # The operator sees SGLang's own argparse message in the supervisor's final words.

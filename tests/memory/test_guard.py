@@ -71,6 +71,7 @@ def _report(
         was_ready=True,
         pids=(1, 2),
         argv=argv,
+        plan=parse_launch_args(argv),
         fit=fit,
     )
 

@@ -109,21 +109,62 @@ def test_the_preflight_examples_load_and_answer(capsys, name):
 
 
 def test_auto_mode_follows_the_sglang_version(capsys):
-    """Neither size nor ratio: older SGLang uses ratio 2.0, newer auto-sizes from host memory."""
+    """Neither size nor ratio: 0.5.20 uses ratio 2.0; 0.5.21 added auto-sizing from host memory."""
     facts = [*SEED_FACTS, "--mem-available", "200GB"]  # the last one given wins
-    _, old = run_json(capsys, *facts, "--sglang-version", "0.4.9", "--", *KIMI_ARGS)
-    _, new = run_json(capsys, *facts, "--sglang-version", "0.5.23", "--", *KIMI_ARGS)
-    assert old["hicache_mode"] == new["hicache_mode"] == "auto"
-    assert old["hicache_ratio"] == 2.0
+    _, old = run_json(capsys, *facts, "--sglang-version", "0.5.20", "--", *KIMI_ARGS)
+    _, new = run_json(capsys, *facts, "--sglang-version", "0.5.21", "--", *KIMI_ARGS)
+    assert (old["hicache_mode"], old["hicache_ratio"]) == ("ratio", 2.0)
+    assert new["hicache_mode"] == "auto"
     assert 0 < new["hicache_ratio"] < 2.0
     assert new["host_pool_bytes_per_rank"] < old["host_pool_bytes_per_rank"]
+    assert (old["sglang_rules"], new["sglang_rules"]) == ("SGLang 0.5.20", "SGLang 0.5.21")
+
+
+def test_buffer_only_auto_sizing_never_exceeds_its_default_ratio_of_1_2(capsys):
+    args = [*KIMI_ARGS, "--hicache-host-memory-mode", "buffer_only"]
+    _, data = run_json(capsys, *SEED_FACTS, "--mem-available", "4000GB", "--", *args)
+    assert (data["hicache_mode"], data["hicache_ratio"]) == ("auto", 1.2)
 
 
 def test_older_sglang_is_flagged_for_not_catching_the_overcommit(capsys):
+    """0.5.18 checks each rank against the whole host (the per-host division came in 0.5.19)."""
     args = [*KIMI_ARGS, "--hicache-size", "300"]
-    _, data = run_json(capsys, *SEED_FACTS, "--sglang-version", "0.4.9", "--", *args)
+    _, data = run_json(capsys, *SEED_FACTS, "--sglang-version", "0.5.18", "--", *args)
     status = {c["name"]: c["status"] for c in data["checks"]}
     assert status["sglang_check"] == "warn"
+    _, newer = run_json(capsys, *SEED_FACTS, "--sglang-version", "0.5.19", "--", *args)
+    assert "sglang_check" not in {c["name"] for c in newer["checks"]}
+
+
+def test_sglang_s_yaml_config_plans_like_the_equivalent_argv(capsys, tmp_path):
+    """The seed deployment written as SGLang's --config file: same ranks, same host pool."""
+    config = tmp_path / "kimi.yaml"
+    config.write_text(
+        "tp-size: 8\nmem-fraction-static: 0.88\nkv-cache-dtype: bf16\n"
+        "enable-hierarchical-cache: true\nhicache-size: 48\n"
+    )
+    argv = ["--model-path", "moonshotai/Kimi-K2.5", "--config", str(config)]
+    _, from_yaml = run_json(capsys, *SEED_FACTS, "--", *argv)
+    _, from_argv = run_json(capsys, *SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "48")
+    assert from_yaml["local_ranks"] == from_argv["local_ranks"] == 8
+    assert from_yaml["host_pool_bytes_per_rank"] == from_argv["host_pool_bytes_per_rank"]
+    assert from_yaml["host_pool_bytes_per_rank"] == 683_061 * 70_272  # SGLang's own, 48 GB
+
+
+def test_a_repeated_flag_takes_the_last_value_with_a_warning(capsys):
+    _, data = run_json(capsys, *SEED_FACTS, "--", *KIMI_ARGS, "--tp", "4")
+    assert data["local_ranks"] == 4
+    warning = next(c for c in data["checks"] if c["name"] == "sglang_args")
+    assert warning["status"] == "warn"
+    assert "SGLang takes the last value: --tp-size" in warning["detail"]
+
+
+def test_an_sglang_newer_than_every_table_passes_unknown_flags_on_with_a_warning(capsys):
+    args = [*KIMI_ARGS, "--hicache-size", "48", "--flag-from-the-future", "1"]
+    code, data = run_json(capsys, *SEED_FACTS, "--sglang-version", "0.6.0", "--", *args)
+    assert code == 0
+    warning = next(c for c in data["checks"] if c["name"] == "sglang_args")
+    assert "passed on unchecked: --flag-from-the-future" in warning["detail"]
 
 
 def test_cpu_offload_and_disabled_mmap_enter_the_arithmetic(capsys):
@@ -146,12 +187,19 @@ def test_cpu_offload_and_disabled_mmap_enter_the_arithmetic(capsys):
     ("args", "message"),
     [
         (["--", "--model-path", "/nonexistent/model", "--tp", "8"], "neither a local directory"),
-        ([*SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "-5"], "--hicache-size '-5'"),
-        ([*SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "1.5"], "--hicache-size '1.5'"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "-5"], "--hicache-size -5: must not"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--hicache-size", "1.5"], "invalid int value: '1.5'"),
         (["--mem-available", "445XB", "--", *KIMI_ARGS], "unknown size unit 'XB'"),
-        ([*SEED_FACTS, "--", *KIMI_ARGS, "--tp", "4"], "contradicting flags"),
-        ([*SEED_FACTS, "--", *KIMI_ARGS, "--tp_size", "4"], "SGLang spells it --tp-size"),
-        ([*SEED_FACTS, "--", "--tp", "8"], "--model-path is missing"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--nnodes", "3"], "contradicting flags"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--tp_size", "4"], "SGLang spells --tp_size as --tp-size"),
+        ([*SEED_FACTS, "--", "--tp", "8"], "required: --model-path/--model"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--hicache-storage-backend", "bogus"], "invalid choice"),
+        ([*SEED_FACTS, "--", *KIMI_ARGS, "--cuda-graph-max-bs", "8"], "ambiguous option"),
+        ([*SEED_FACTS, "--sglang-version", "banana", "--", *KIMI_ARGS], "'banana' is not an"),
+        (
+            [*SEED_FACTS, "--", *KIMI_ARGS, "--config", "/nonexistent/kimi.yaml"],
+            "launch_server --config /nonexistent/kimi.yaml: Config file not found",
+        ),
         ([*SEED_FACTS], "no launch_server arguments"),
         ([*SEED_FACTS, "--numa", "zero:1GB", "--", *KIMI_ARGS], "NODE:SIZE"),
         ([*SEED_FACTS, "--model-config", "/nonexistent.json", "--", *KIMI_ARGS], "does not exist"),

@@ -281,3 +281,39 @@ def test_a_memory_kill_relaunches_with_a_smaller_hicache_size(tmp_path: Path, te
     assert second[-2:] == ("--hicache-size", "30")
     assert w.store.load().hicache_size_override_gb == 30
     assert dog.stopped == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "grace_s"),
+    [((), 60.0), (("--nnodes", "2", "--node-rank", "1"), 5.0)],
+)
+def test_a_stop_sigterms_first_and_kills_the_group_after_the_node_s_grace(
+    tmp_path: Path, extra: tuple[str, ...], grace_s: float
+):
+    """Node 0 drains for stop_grace; a worker node (--node-rank >= 1) does not drain in SGLang,
+    so it gets worker_stop_grace. A main process that never exits is killed at the deadline."""
+    w = world(tmp_path)
+    args = ("--model-path", "m", "--tp", "2", *extra)
+    run = runner(w, settings(tmp_path, args))
+    killed_at: list[float] = []
+    stop_at = LOAD_S + WARM_S + 10.0
+
+    def ignore_sigterm() -> None:
+        w.server.exit_on_term = None  # the main process stays, as a non-draining node does
+        kill_all = w.server.kill_all
+
+        def timed_kill(reason: KillReason) -> tuple[int, ...]:
+            killed_at.append(w.clock.now)
+            return kill_all(reason)
+
+        w.server.kill_all = timed_kill  # type: ignore[method-assign]
+
+    w.events.call_at(stop_at - 1.0, ignore_sigterm)
+    w.events.at(stop_at, SIGTERM)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    stopping = next(e for e in logs if e["event"] == "stopping")
+    assert stopping["grace_s"] == grace_s
+    assert w.server.terminated == 1
+    assert killed_at[0] >= stop_at + grace_s
+    assert killed_at[0] < stop_at + grace_s + 1.0  # no later than the next poll
