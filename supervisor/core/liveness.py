@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from supervisor.core.readings import ProcessInfo
+from supervisor.core.sglang_facts import SCHEDULER_TITLE_PREFIX as SCHEDULER_PREFIX
 
-SCHEDULER_PREFIX = "sglang::scheduler"
 # setproctitle also sets /proc/PID/comm, cut to 15 bytes (TASK_COMM_LEN 16). A zombie has an
 # empty cmdline, so the comm is all that is left of its title.
 _SCHEDULER_COMM = SCHEDULER_PREFIX[:15]

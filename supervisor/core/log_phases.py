@@ -51,25 +51,38 @@ LOAD_MARKS = frozenset(
     }
 )
 
-# Checked in order; the first match wins. Lower-cased substrings.
-_SUBSTRINGS: tuple[tuple[str, LogMark], ...] = (
-    ("memory baseline taken", LogMark.MEMORY_BASELINE),
-    ("load weight end", LogMark.WEIGHTS_LOADED),
-    ("kv cache is allocated", LogMark.KV_CACHE_ALLOCATED),
-    ("hicache auto-sizing", LogMark.HICACHE_AUTO_SIZED),
-    ("the server is fired up and ready to roll", LogMark.READY),
-    ("not enough host memory available", LogMark.HOST_MEMORY_REFUSED),
-    ("cudahostregister failed", LogMark.PINNING_FAILED),
-    ("hiphostmalloc of", LogMark.PINNING_FAILED),
-    ("cuda out of memory", LogMark.GPU_OOM),
-    ("outofmemoryerror", LogMark.GPU_OOM),
-    ("loaded weights leave no gpu memory", LogMark.GPU_OOM),
-    ("not enough memory. please try to increase --mem-fraction-static", LogMark.GPU_OOM),
-    ("address already in use", LogMark.PORT_IN_USE),
-    ("[errno 98]", LogMark.PORT_IN_USE),
-    ("scheduler hit an exception", LogMark.SCHEDULER_EXCEPTION),
-    ("scheduler died during initialization", LogMark.RANK_DIED_AT_INIT),
-    ("sigquit received", LogMark.SIGQUIT),
+
+@dataclass(frozen=True, slots=True)
+class Phrase:
+    """A lower-cased substring that marks a line, and who prints it: SGLang's own phrases are
+    checked against every release by tests/contract; torch's and the OS's are not SGLang's."""
+
+    text: str
+    mark: LogMark
+    origin: str = "sglang"  # sglang | torch | os
+
+
+# Checked in order; the first match wins.
+PHRASES: tuple[Phrase, ...] = (
+    Phrase("memory baseline taken", LogMark.MEMORY_BASELINE),
+    Phrase("load weight end", LogMark.WEIGHTS_LOADED),
+    Phrase("kv cache is allocated", LogMark.KV_CACHE_ALLOCATED),
+    Phrase("hicache auto-sizing: ratio", LogMark.HICACHE_AUTO_SIZED),
+    Phrase("the server is fired up and ready to roll", LogMark.READY),
+    Phrase("not enough host memory available", LogMark.HOST_MEMORY_REFUSED),
+    Phrase("cudahostregister failed", LogMark.PINNING_FAILED),
+    Phrase("hiphostmalloc of", LogMark.PINNING_FAILED),
+    Phrase("cuda out of memory", LogMark.GPU_OOM, "torch"),
+    Phrase("outofmemoryerror", LogMark.GPU_OOM, "torch"),
+    Phrase("loaded weights leave no gpu memory", LogMark.GPU_OOM),
+    Phrase("not enough memory. please try to increase --mem-fraction-static", LogMark.GPU_OOM),
+    Phrase("address already in use", LogMark.PORT_IN_USE, "os"),
+    Phrase("[errno 98]", LogMark.PORT_IN_USE, "os"),
+    Phrase("scheduler hit an exception", LogMark.SCHEDULER_EXCEPTION),
+    Phrase("scheduler died during initialization", LogMark.RANK_DIED_AT_INIT),
+    # The running phase's handler (tokenizer_manager.py) and the launch phase's (engine.py).
+    Phrase("sigquit received", LogMark.SIGQUIT),
+    Phrase("received sigquit from a child process", LogMark.SIGQUIT),
 )
 # "Allocating … hierarchical KV host pool: N tokens, X GB host memory."
 _HOST_POOL = re.compile(r"allocating .*host pool", re.IGNORECASE)
@@ -95,10 +108,10 @@ def read_mark(line: str) -> MarkedLine | None:
     lowered = line.lower()
     if _HOST_POOL.search(line) and "tokens" in lowered:
         return MarkedLine(LogMark.HOST_POOL_ALLOCATED)
-    for needle, mark in _SUBSTRINGS:
-        if needle in lowered:
-            code = _exit_code(line) if mark is LogMark.RANK_DIED_AT_INIT else None
-            return MarkedLine(mark, code)
+    for phrase in PHRASES:
+        if phrase.text in lowered:
+            code = _exit_code(line) if phrase.mark is LogMark.RANK_DIED_AT_INIT else None
+            return MarkedLine(phrase.mark, code)
     return None
 
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-SGLANG_TITLE_PREFIX = "sglang::"
+from supervisor.core.sglang_facts import TITLE_PREFIX as SGLANG_TITLE_PREFIX
 
 
 class Owner(str, Enum):

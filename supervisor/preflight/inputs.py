@@ -25,6 +25,7 @@ from supervisor.core.checks import (
 from supervisor.core.ports import GpuSensor
 from supervisor.core.readings import GpuState
 from supervisor.core.sglang_args import LaunchPlan
+from supervisor.core.sglang_facts import HUGEPAGE_ENV
 from supervisor.core.units import parse_size
 
 
@@ -158,14 +159,14 @@ def hugepages_check(
     probe: HostProbe, env: Mapping[str, str], pools_bytes: int | None
 ) -> Check | None:
     """Only with SGLANG_HUGEPAGE_SIZE: the pools then come from hugetlb, not MemAvailable."""
-    page_env = env.get("SGLANG_HUGEPAGE_SIZE")
+    page_env = env.get(HUGEPAGE_ENV)
     if not page_env:
         return None
     try:
         # SGLang spells the sizes 2MB and 1GB and means binary units.
         wanted = parse_size(page_env.upper().replace("MB", "MiB").replace("GB", "GiB"))
     except ValueError:
-        return Check("hugepages", Status.FAIL, f"SGLANG_HUGEPAGE_SIZE={page_env!r}: use 2MB or 1GB")
+        return Check("hugepages", Status.FAIL, f"{HUGEPAGE_ENV}={page_env!r}: use 2MB or 1GB")
     free = [h.free_bytes for h in probe.read_hugepages() if h.page_bytes == wanted]
     return check_hugepages(page_env, free[0] if free else None, pools_bytes)
 

@@ -18,6 +18,7 @@ import structlog
 
 from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV
 from supervisor.config import RunSettings
+from supervisor.core import sglang_facts
 from supervisor.core.checks import FitReport, Status
 from supervisor.core.ports import GpuSensor, LaunchedServer, ServerLauncher
 from supervisor.core.redact import redact_env, redact_line
@@ -30,7 +31,7 @@ log = structlog.get_logger("supervisor.run")
 
 # SGLang's crash path waits ~65 s (py-spy dump + CUDA core dump) with the GPUs held
 # (docs/sglang.md §3.1); off unless [server] crash_dumps = true.
-CRASH_DUMP_ENV = {"SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0", "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0"}
+CRASH_DUMP_ENV = dict.fromkeys(sglang_facts.CRASH_DUMP_ENV, "0")
 # systemd's variables are for the supervisor only (NotifyAccess=main): the server must not ping.
 _SYSTEMD_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 # The server's output lines kept for classification and incident files, at least.

@@ -77,7 +77,7 @@ def test_bad_input_exits_2_naming_what_is_wrong(tmp_path, capsys, config, option
     [
         (["--tp-size", "two"], "argument --tp-size/--tensor-parallel-size: invalid int value"),
         (["--pp", "2"], "ambiguous option: --pp could match"),
-        (["--hicache-storage-backend", "bogus"], "--hicache-storage-backend: invalid choice"),
+        (["--hicache-storage-backend", "bogus"], "argument --hicache-storage-backend: invalid"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     ],
 )
