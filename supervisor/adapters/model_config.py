@@ -25,6 +25,8 @@ class ModelInfo:
     config_file: str  # the config.json actually read
     weights_bytes: int | None  # total *.safetensors size; None when no shard is on this host
     largest_shard_bytes: int | None = None  # the biggest *.safetensors file (load buffers)
+    # Bytes of each tensor, from the shards' headers (None: no readable shard on this host).
+    tensor_bytes: Mapping[str, int] | None = None
     model_dir: str | None  # None: the model itself is not on this host (planning another box)
 
 
@@ -129,6 +131,37 @@ def safetensors_sizes(model_dir: Path) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+_MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
+
+
+def _header_tensors(shard: Path) -> dict[str, int]:
+    """{tensor name: bytes} from one shard's header: 8-byte little-endian length, then JSON."""
+    with shard.open("rb") as fh:
+        length = int.from_bytes(fh.read(8), "little")
+        if not 0 < length <= _MAX_HEADER_BYTES:
+            raise ValueError(f"header length {length}")
+        header = json.loads(fh.read(length))
+    out = {}
+    for name, entry in header.items():
+        if name != "__metadata__" and isinstance(entry, dict):
+            start, end = entry["data_offsets"]
+            out[name] = int(end) - int(start)
+    return out
+
+
+def tensor_sizes(model_dir: Path) -> dict[str, int] | None:
+    """Every tensor's size over the `*.safetensors` shards; None if any header is unreadable
+    (a partial list would under-count what is replicated)."""
+    sizes: dict[str, int] = {}
+    shards = sorted(model_dir.glob("*.safetensors"))
+    for shard in shards:
+        try:
+            sizes.update(_header_tensors(shard))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return sizes or None
+
+
 def load_model_config(
     model_path: str, override: str | None = None, *, env: Mapping[str, str] | None = None
 ) -> ModelInfo:
@@ -169,5 +202,6 @@ def load_model_config(
         config_file=str(config_file),
         weights_bytes=sum(shards) if shards else None,
         largest_shard_bytes=max(shards) if shards else None,
+        tensor_bytes=tensor_sizes(model_dir) if shards and model_dir is not None else None,
         model_dir=str(model_dir) if model_dir is not None else None,
     )

@@ -11,9 +11,12 @@ import dataclasses
 import itertools
 import shlex
 from collections.abc import Mapping
+from pathlib import Path
 
 from supervisor.core.units import GB, GiB
 from supervisor.errors import ConfigError
+
+STATE_ROOT = Path("/var/lib/sglang-supervisor")
 
 _FROZEN = {"frozen": True, "slots": True, "kw_only": True}
 
@@ -104,6 +107,11 @@ class RunConfig:
     oom_score_adj: int = 500  # for the server tree: the kernel OOM killer takes it, not us
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
+
+    @property
+    def state_path(self) -> Path:
+        """The state directory: `state_dir`, else /var/lib/sglang-supervisor/<name>/."""
+        return Path(self.state_dir) if self.state_dir else STATE_ROOT / self.name
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str, value: object) -> ConfigError:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from supervisor.core.measured import Deployment
 from supervisor.core.units import GB, GiB, format_gb
 
 # NCCL's shared-memory transport needs more than Docker's default 64 MiB /dev/shm.
@@ -136,6 +137,7 @@ class FitReport:
     checks: tuple[Check, ...]
     sglang_rules: str = ""  # whose rules were applied (SglangRules.describe)
     device_tokens_source: str = "estimate"  # "measured": from a previous run's own log
+    deployment: Deployment | None = None  # what a measurement of this launch is filed under
     suggested_argv: tuple[str, ...] | None = None
     numa: tuple[dict[str, int], ...] = field(default_factory=tuple)
 

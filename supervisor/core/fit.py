@@ -153,13 +153,15 @@ def estimate_device_tokens(
     bytes_per_token: int,
     page_size: int,
     max_total_tokens: int | None,
+    reserved_bytes: int = 0,
 ) -> int:
-    """Device KV tokens per rank: (F·m − W) / cell, floored to pages, capped (docs/sglang.md §1.4).
+    """Device KV tokens per rank: (F·m − W − R) / cell, floored to pages, capped
+    (docs/sglang.md §1.4); R is what SGLang holds back for multimodal models.
 
     Returns 0 when the weights leave no room ("Loaded weights leave no GPU memory for the KV
     cache"), which the caller reports as a failed check.
     """
-    rest = int(gpu_free_bytes * mem_fraction_static) - weights_per_rank_bytes
+    rest = int(gpu_free_bytes * mem_fraction_static) - weights_per_rank_bytes - reserved_bytes
     if rest <= 0 or bytes_per_token <= 0:
         return 0
     tokens = rest // bytes_per_token // page_size * page_size

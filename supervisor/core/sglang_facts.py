@@ -22,3 +22,7 @@ VLM_CACHE_ENV = "SGLANG_VLM_CACHE_SIZE_MB"
 
 # HTTP endpoints the supervisor calls on the server (entrypoints/http_server.py).
 HEALTH_ENDPOINTS = ("/health", "/health_generate")
+
+# NUMA binding of the schedulers (utils/numa_utils.py); both default to on.
+NUMA_BIND_V2_ENV = "SGLANG_NUMA_BIND_V2"  # bind by running each scheduler under numactl
+AUTO_NUMA_BIND_ENV = "SGLANG_AUTO_NUMA_BIND"  # bind without --numa-node, nodes from NVML

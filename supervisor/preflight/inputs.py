@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from supervisor.core.checks import (
     check_memlock,
     check_shm,
 )
+from supervisor.core.numa_binding import Binding, sglang_binding
 from supervisor.core.ports import GpuSensor
 from supervisor.core.readings import GpuState
 from supervisor.core.sglang_args import LaunchPlan
@@ -102,9 +104,15 @@ def read_gpus(config: SupervisorConfig, plan: LaunchPlan, sensor: GpuSensor | No
 
 
 def numa_loads(
-    config: SupervisorConfig, plan: LaunchPlan, gpus: GpuFacts, probe: HostProbe, planning: bool
+    config: SupervisorConfig,
+    plan: LaunchPlan,
+    gpus: GpuFacts,
+    probe: HostProbe,
+    planning: bool,
+    env: Mapping[str, str],
 ) -> tuple[tuple[fit.NumaLoad, ...], list[Check]]:
-    """Free memory and local ranks per NUMA node: given (`[[host.numa]]`) or measured."""
+    """Free memory and local ranks per NUMA node: given (`[[host.numa]]`), or measured when
+    SGLang will bind the ranks' memory to their nodes (core/numa_binding.py); else none."""
     ids = plan.local_gpu_ids()
     if config.host.numa:
         loads = tuple(
@@ -122,9 +130,17 @@ def numa_loads(
         nodes = probe.read_numa_nodes()
     except HostReadError as exc:
         return (), [Check("numa", Status.WARN, f"NUMA layout unreadable, not checked: {exc}")]
-    if len(nodes) < 2:
-        return (), []
-    gpu_node = {g.index: g.numa_node for g in gpus.states}
+    numactl = shutil.which("numactl", path=env.get("PATH")) is not None
+    explicit = plan.numa_node is not None
+    binding, why = sglang_binding(
+        explicit=explicit, nodes=len(nodes), numactl_on_path=numactl, env=env
+    )
+    if binding is not Binding.MEMBIND:
+        if len(nodes) < 2 and not explicit:
+            return (), []
+        detail = f"SGLang will not hold ranks to a NUMA node ({why}): per-node fit not checked"
+        return (), [Check("numa", Status.OK, detail)]
+    gpu_node = _gpu_nodes(plan, gpus)
     if any(gpu_node.get(i) is None for i in ids):
         detail = (
             f"{len(nodes)} NUMA nodes but the GPUs' nodes are unknown: per-node fit not checked"
@@ -138,7 +154,17 @@ def numa_loads(
         )
         for n in nodes
     )
-    return loads, []
+    detail = f"SGLang binds each rank's memory to its GPU's node ({why}): per-node fit checked"
+    return loads, [Check("numa", Status.OK, detail)]
+
+
+def _gpu_nodes(plan: LaunchPlan, gpus: GpuFacts) -> dict[int, int | None]:
+    """The node of each GPU: `--numa-node`, indexed by GPU id, else what NVML reports."""
+    if plan.numa_node is not None:
+        return {
+            i: plan.numa_node[i] if i < len(plan.numa_node) else None for i in plan.local_gpu_ids()
+        }
+    return {g.index: g.numa_node for g in gpus.states}
 
 
 def gpu_holders_check(plan: LaunchPlan, gpus: GpuFacts, probe: HostProbe) -> Check:

@@ -19,6 +19,7 @@ from supervisor.config import SupervisorConfig
 from supervisor.core import fit, model_geometry
 from supervisor.core.assess import HostAssessment, assess_host
 from supervisor.core.checks import Check, FitReport, Status
+from supervisor.core.measured import Deployment, latest_for
 from supervisor.core.ports import GpuSensor
 from supervisor.core.sglang_args import LaunchPlan, redact_argv
 from supervisor.core.sglang_args import with_flag_value as _with_flag_value
@@ -26,6 +27,7 @@ from supervisor.core.sglang_launch import LaunchReader
 from supervisor.core.sglang_versions import SglangRules
 from supervisor.core.units import GB
 from supervisor.errors import ConfigError
+from supervisor.preflight.device import Device, DeviceInputs, device_pool
 from supervisor.preflight.inputs import (
     GpuFacts,
     local_checks,
@@ -34,6 +36,7 @@ from supervisor.preflight.inputs import (
     read_gpus,
     resolve_relative,
 )
+from supervisor.preflight.measurements import load_records
 from supervisor.preflight.reader import launch_reader, read_plan
 
 
@@ -46,16 +49,6 @@ class _Model:
     indexer_bytes_per_token: int
     layers: int
     kv_dtype: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _Device:
-    """The device KV pool per rank and what it rests on."""
-
-    mem_fraction: float | None
-    weights_per_rank_bytes: int | None
-    tokens: int | None
-    checks: tuple[Check, ...]
 
 
 def _model(config: SupervisorConfig, plan: LaunchPlan, config_dir: Path | None) -> _Model:
@@ -75,40 +68,15 @@ def _model(config: SupervisorConfig, plan: LaunchPlan, config_dir: Path | None) 
         raise ConfigError(f"model config {info.config_file}: {exc}") from None
 
 
-def _device(config: SupervisorConfig, plan: LaunchPlan, model: _Model, gpus: GpuFacts) -> _Device:
-    """Device pool per rank: (F·m − W) / cell (docs/sglang.md §1.4)."""
-    mem_fraction = plan.mem_fraction_static
-    if mem_fraction is None and gpus.total_bytes is not None:
-        mla = model_geometry.is_mla(model.info.config)
-        mem_fraction = fit.auto_mem_fraction_static(gpus.total_bytes, plan, mla=mla)
-    given = config.preflight.weights_bytes
-    weights = given if given is not None else model.info.weights_bytes
-    per_rank = None
-    if weights is not None:
-        per_rank = max(0, weights // (plan.tp_size * plan.pp_size) - plan.cpu_offload_gb * GB)
-    if gpus.free_bytes is None or mem_fraction is None or per_rank is None:
-        checks: tuple[Check, ...] = ()
-        if gpus.free_bytes is not None and per_rank is None:
-            detail = "weights size unknown (no *.safetensors here): set [preflight] weights"
-            checks = (Check("device_kv", Status.WARN, detail),)
-        return _Device(
-            mem_fraction=mem_fraction, weights_per_rank_bytes=per_rank, tokens=None, checks=checks
-        )
-    tokens = fit.estimate_device_tokens(
-        gpu_free_bytes=gpus.free_bytes,
-        weights_per_rank_bytes=per_rank,
-        mem_fraction_static=mem_fraction,
-        bytes_per_token=model.bytes_per_token,
-        page_size=plan.effective_page_size,
-        max_total_tokens=plan.max_total_tokens,
-    )
-    check = (
-        Check("device_kv", Status.FAIL, "loaded weights leave no GPU memory for the KV cache")
-        if tokens == 0
-        else Check("device_kv", Status.OK, f"{tokens:,} KV tokens per rank on the GPU")
-    )
-    return _Device(
-        mem_fraction=mem_fraction, weights_per_rank_bytes=per_rank, tokens=tokens, checks=(check,)
+def deployment_of(plan: LaunchPlan, gpus: GpuFacts, rules: SglangRules) -> Deployment:
+    """What a measurement of this launch is filed under (core/measured.py)."""
+    return Deployment(
+        model=plan.model_path or "",
+        tp_size=plan.tp_size,
+        pp_size=plan.pp_size,
+        gpu_name=gpus.states[0].name if gpus.states else "",
+        gpu_total_bytes=gpus.total_bytes,
+        sglang_version=rules.version or rules.table_version,
     )
 
 
@@ -156,11 +124,13 @@ def run_preflight(
     env: Mapping[str, str] | None = None,
     config_dir: Path | None = None,
     reader: LaunchReader | None = None,
+    state_dir: Path | None = None,
 ) -> FitReport:
     """Decide whether `argv` (launch_server's arguments) fits this host, or the one described.
 
     `gpu_sensor` is read once unless `[host]` gives the GPU facts; None: no GPU is read.
-    `reader` reads the argv (the run loop passes its own); None: resolved here.
+    `reader` reads the argv (the run loop passes its own); None: resolved here. `state_dir` holds
+    the measurements of earlier launches (default: the config's `[run]` state directory).
 
     Raises:
         ConfigError: bad argv or SGLang `--config` file, missing or malformed model config, an
@@ -174,11 +144,12 @@ def run_preflight(
     model = _model(config, plan, config_dir)
     planning = config.host.mem_available_bytes is not None
     gpus = read_gpus(config, plan, gpu_sensor)
-    device = _device(config, plan, model, gpus)
+    state = state_dir or config.run.state_path
+    device, deployment, device_checks = _device(config, plan, model, gpus, reader.rules, env, state)
     available, cgroup, host_checks = _usable(config, probe)
     usable = available if cgroup is None else min(available, cgroup)
     budget = _budget(config, plan, model, usable)
-    numa, numa_checks = numa_loads(config, plan, gpus, probe, planning)
+    numa, numa_checks = numa_loads(config, plan, gpus, probe, planning, env)
     rules = reader.rules
     host = assess_host(
         plan=plan,
@@ -191,13 +162,42 @@ def run_preflight(
         cgroup_limited=cgroup is not None,
     )
     notes = [Check("sglang_args", Status.WARN, note) for note in reader.notes(plan)]
-    checks = [*notes, model_check(model.info), *gpus.checks, *device.checks, *host_checks]
+    checks = [*notes, model_check(model.info), *gpus.checks, *device_checks, *host_checks]
     checks += numa_checks
     checks.extend(host.checks)
     if not planning:
         pools = None if host.pool_bytes is None else host.pool_bytes * plan.local_ranks
         checks.extend(local_checks(plan, gpus, probe, env, pools))
-    return _report(argv, plan, model, gpus, device, host, budget, numa, rules, config, checks)
+    report = _report(argv, plan, model, gpus, device, host, budget, numa, rules, config, checks)
+    return dataclasses.replace(report, deployment=deployment)
+
+
+def _device(
+    config: SupervisorConfig,
+    plan: LaunchPlan,
+    model: _Model,
+    gpus: GpuFacts,
+    rules: SglangRules,
+    env: Mapping[str, str],
+    state_dir: Path,
+) -> tuple[Device, Deployment, list[Check]]:
+    """The device pool, from this deployment's last measurement when the state dir has one."""
+    deployment = deployment_of(plan, gpus, rules)
+    records, problem = load_records(state_dir)
+    inputs = DeviceInputs(
+        config=model.info.config,
+        weights_total_bytes=config.preflight.weights_bytes or model.info.weights_bytes,
+        tensor_bytes=model.info.tensor_bytes,
+        bytes_per_token=model.bytes_per_token,
+        gpu_total_bytes=gpus.total_bytes,
+        gpu_free_bytes=gpus.free_bytes,
+        env=env,
+    )
+    device = device_pool(plan, inputs, latest_for(records, deployment))
+    checks = list(device.checks)
+    if problem is not None:
+        checks.append(Check("measured", Status.WARN, problem))
+    return device, deployment, checks
 
 
 def _report(
@@ -205,7 +205,7 @@ def _report(
     plan: LaunchPlan,
     model: _Model,
     gpus: GpuFacts,
-    device: _Device,
+    device: Device,
     host: HostAssessment,
     budget: fit.HostBudget,
     numa: Sequence[fit.NumaLoad],
@@ -225,7 +225,7 @@ def _report(
         indexer_bytes_per_token_per_rank=model.indexer_bytes_per_token,
         weights_per_rank_bytes=device.weights_per_rank_bytes,
         gpu_memory_bytes=gpus.total_bytes,
-        gpu_free_bytes=gpus.free_bytes,
+        gpu_free_bytes=device.gpu_free_bytes,
         mem_fraction_static=device.mem_fraction,
         device_tokens_per_rank=tokens,
         hicache_mode=host.mode,
@@ -241,6 +241,7 @@ def _report(
         avg_request_tokens=config.preflight.avg_request_tokens,
         sglang_version=rules.version,
         sglang_rules=rules.describe,
+        device_tokens_source=device.source,
         checks=tuple(checks),
         suggested_argv=suggested_argv(argv, safe),
         numa=tuple(

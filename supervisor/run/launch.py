@@ -20,11 +20,13 @@ from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV
 from supervisor.config import RunSettings
 from supervisor.core import sglang_facts
 from supervisor.core.checks import FitReport, Status
+from supervisor.core.measured import Measurement, Record, device_settings
 from supervisor.core.ports import GpuSensor, LaunchedServer, ServerLauncher
 from supervisor.core.redact import redact_env, redact_line
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
 from supervisor.preflight import run_preflight
+from supervisor.preflight.measurements import save_record
 from supervisor.run.state import ProcessRef, RunState, StateStore
 
 log = structlog.get_logger("supervisor.run")
@@ -142,6 +144,7 @@ def preflight_gate(
             gpu_sensor=sensor,
             config_dir=settings.config_dir,
             reader=settings.reader,
+            state_dir=settings.state_dir,
         )
 
     try:
@@ -183,20 +186,28 @@ def start_server(
     *,
     redact: Callable[[str], str],
     supervisor_mark: str,
+    on_line: Callable[[str], None] | None = None,
 ) -> LaunchedServer:
-    """Start the server command with `argv`; its output goes to our log as server_output.
+    """Start the server command with `argv`; its output goes to our log as server_output, and
+    each line to `on_line` (the sizing reader).
 
     Raises:
         ConfigError: the command cannot be executed (the path and the reason named).
     """
     command = (*settings.server_command, *argv)
     server_log = log.bind(run_id=run_id)
+
+    def sink(line: str) -> None:
+        server_log.info("server_output", line=line)
+        if on_line is not None:
+            on_line(line)
+
     try:
         return launcher.start(
             command,
             server_env(settings, run_id, supervisor_mark=supervisor_mark),
             run_id=run_id,
-            sink=lambda line: server_log.info("server_output", line=line),
+            sink=sink,
             redact=redact,
             oom_score_adj=settings.run.oom_score_adj,
             tail_lines=max(MIN_TAIL_LINES, settings.config.watchdog.incident_log_lines),
@@ -240,3 +251,33 @@ def record_tree(store: StateStore, server: LaunchedServer) -> None:
         if p.start_ticks
     )
     store.update(lambda state: dataclasses.replace(state, server_pids=refs))
+
+
+def record_measurement(
+    settings: RunSettings,
+    fit: FitReport | None,
+    argv: Sequence[str] | None,
+    measured: Measurement,
+    at: float,
+) -> None:
+    """File what SGLang measured at this launch under the deployment the pre-flight planned, for
+    the next pre-flight (preflight/measurements.py)."""
+    if fit is None or fit.deployment is None or argv is None or not measured.complete:
+        log.info("sizing_not_measured", complete=measured.complete, preflight=fit is not None)
+        return
+    plan = settings.reader.plan(argv)
+    record = Record(
+        deployment=fit.deployment,
+        settings=device_settings(plan),
+        measurement=measured,
+        at=at,
+    )
+    save_record(settings.state_dir, record)
+    log.info(
+        "sizing_measured",
+        device_tokens=measured.device_tokens,
+        estimated_device_tokens=fit.device_tokens_per_rank,
+        weights_bytes=measured.weights_bytes,
+        pre_load_free_bytes=measured.pre_load_free_bytes,
+        host_pool_tokens=measured.host_pool_tokens,
+    )

@@ -28,9 +28,8 @@ from supervisor.core.events import (
     WatchdogEvent,
 )
 from supervisor.core.lifecycle import ServerState, check_transition
-from supervisor.core.ports import (
-    LaunchedServer,
-)
+from supervisor.core.measured import SizingLog
+from supervisor.core.ports import LaunchedServer
 from supervisor.core.redact import Redactor, secret_values
 from supervisor.core.sglang_args import redact_argv
 from supervisor.errors import (
@@ -214,6 +213,7 @@ class Runner:
 
     def launch(self, argv: tuple[str, ...]) -> LaunchedServer:
         self.run_id = uuid.uuid4().hex[:12]
+        self.sizing = SizingLog()  # SGLang's own numbers of this launch, from its output
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         self.set_state(ServerState.LAUNCHING, argv=list(redact_argv(argv)))
         processes = self.io.processes
@@ -224,6 +224,7 @@ class Runner:
             argv,
             redact=self.redact,
             supervisor_mark=processes.self_mark(),
+            on_line=self.sizing.feed,
         )
         self._launched_argv = argv
         structlog.contextvars.bind_contextvars(server_pid=server.pid)
@@ -254,6 +255,8 @@ class Runner:
         if new is ServerState.READY:
             # Recorded before `ready` is announced, so whoever reacts to it finds every PID.
             launch.record_tree(self.store, monitor.server)
+            measured, at = self.sizing.measurement(), self.clock.wall()
+            launch.record_measurement(self.settings, self.fit, self._launched_argv, measured, at)
         self.set_state(new)
         monitor.mark_state(new)
         if new is ServerState.READY:

@@ -22,6 +22,7 @@ import structlog
 
 from supervisor.adapters.clock import SystemClock
 from supervisor.atomic_file import write_text_atomic
+from supervisor.config.sections import STATE_ROOT
 from supervisor.core.ports import Clock
 from supervisor.errors import ConfigError
 
@@ -83,7 +84,7 @@ class RunState:
 
 
 def default_state_dir(instance: str) -> Path:
-    return Path("/var/lib/sglang-supervisor") / instance
+    return STATE_ROOT / instance
 
 
 class StateStore:

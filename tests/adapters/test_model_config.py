@@ -104,3 +104,34 @@ def test_malformed_config_json_names_the_file_and_line(tmp_path):
     (d / "config.json").write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match="not UTF-8"):
         load_model_config(str(d))
+
+
+def write_safetensors(path: Path, tensors: dict[str, int]) -> None:
+    """A real safetensors file: 8-byte header length, the JSON header, then the data."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, size in tensors.items():
+        header[name] = {
+            "dtype": "BF16",
+            "shape": [size // 2],
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    blob = json.dumps(header).encode()
+    with open(path, "wb") as fh:
+        fh.write(len(blob).to_bytes(8, "little") + blob + b"\0" * offset)
+
+
+def test_tensor_sizes_come_from_the_safetensors_headers(tmp_path):
+    d = model_dir(tmp_path / "m", LLAMA)
+    write_safetensors(d / "model-00001.safetensors", {"a.q_a_proj.weight": 64, "b.weight": 32})
+    write_safetensors(d / "model-00002.safetensors", {"c.weight": 16})
+    info = load_model_config(str(d))
+    assert info.tensor_bytes == {"a.q_a_proj.weight": 64, "b.weight": 32, "c.weight": 16}
+
+
+def test_one_unreadable_header_means_no_tensor_list(tmp_path):
+    """A partial list would under-count the replicated tensors: all or nothing."""
+    d = model_dir(tmp_path / "m", LLAMA, {"b.safetensors": 100})  # zeros: no header
+    write_safetensors(d / "a.safetensors", {"x.weight": 8})
+    assert load_model_config(str(d)).tensor_bytes is None

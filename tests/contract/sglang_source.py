@@ -134,7 +134,7 @@ def _field_flag(name: str, node: ast.AnnAssign, consts: _Constants) -> Flag | No
     if consts.literal(kw["no_cli"]) if "no_cli" in kw else False:
         return None
     cli_name = consts.literal(kw["cli_name"]) if "cli_name" in kw else None
-    names = (cli_name or "--" + name.replace("_", "-"),)
+    names: tuple[str, ...] = (str(cli_name or "--" + name.replace("_", "-")),)
     names += tuple(consts.literal(kw["aliases"]) or ()) if "aliases" in kw else ()
     choices = consts.literal(kw["choices"]) if "choices" in kw else None
     required_kw = consts.literal(kw["required"]) if "required" in kw else None
@@ -174,10 +174,11 @@ def _field_flag(name: str, node: ast.AnnAssign, consts: _Constants) -> Flag | No
         return Flag(names, name, nargs or "+", _kind(inner.slice), _tuple(choices), False)
     if _name(inner) == "bool":
         return Flag(names, name, 0, "str", None, False, "store_true")
-    nargs = consts.literal(kw["nargs"]) if "nargs" in kw else None
+    given_nargs: Any = consts.literal(kw["nargs"]) if "nargs" in kw else None
     required = required_kw is True or (required_kw is None and not has_default)
     kind = "str" if "type_parser" in kw else _kind(inner)
-    return Flag(names, name, nargs if nargs is not None else 1, kind, _tuple(choices), required)
+    nargs_out = given_nargs if given_nargs is not None else 1
+    return Flag(names, name, nargs_out, kind, _tuple(choices), required)
 
 
 def _tuple(values: Any) -> tuple[Any, ...] | None:
@@ -190,8 +191,10 @@ def _manual_flags(function: ast.FunctionDef, consts: _Constants) -> list[Flag]:
     for node in ast.walk(function):
         if not (isinstance(node, ast.Call) and _name(node.func) == "add_argument"):
             continue
-        names = tuple(a.value for a in node.args if isinstance(a, ast.Constant))
-        if not names or not all(isinstance(n, str) and n.startswith("--") for n in names):
+        names = tuple(
+            a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        )
+        if not names or not all(n.startswith("--") for n in names):
             continue
         kw = _keywords(node)
         action = consts.literal(kw["action"]) if "action" in kw else None

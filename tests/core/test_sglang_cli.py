@@ -3,6 +3,8 @@ release tables read as argparse reads them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from supervisor.core.sglang_cli import ArgvError, CliFlag, merge_yaml, parse_cli
@@ -13,7 +15,9 @@ NEW = table_for("0.5.23")
 OLD = table_for("0.5.20")
 
 
-def merged(argv: list[str], config: dict, *, table=NEW, any_spelling=True) -> tuple[str, ...]:
+def merged(
+    argv: list[str], config: dict[str, Any], *, table=NEW, any_spelling=True
+) -> tuple[str, ...]:
     return merge_yaml(argv, config, table, all_spellings=any_spelling)
 
 

@@ -132,6 +132,7 @@ class FakeLauncher:
         self.argvs: list[tuple[str, ...]] = []
         self.envs: list[Mapping[str, str]] = []
         self.on_start: Callable[[FakeServer], None] | None = None
+        self.output: list[str] = []  # lines every server prints as it starts
 
     def start(
         self,
@@ -144,7 +145,9 @@ class FakeLauncher:
         oom_score_adj: int | None,
         tail_lines: int,
     ) -> FakeServer:
-        server = FakeServer(self.next_pid, run_id, self.ranks)
+        server = FakeServer(self.next_pid, run_id, self.ranks, self.output)
+        for line in self.output:
+            sink(redact(line))
         self.next_pid += 100
         self.started.append(server)
         self.argvs.append(tuple(argv))

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from supervisor.adapters.host import HostProbe
 from supervisor.config import HostConfig, SupervisorConfig
 from supervisor.core.readings import GpuProcess, GpuState
@@ -67,12 +69,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def with_numactl(tmp_path: Path) -> dict[str, str]:
+    """An environment whose PATH has a `numactl` (SGLang only looks it up)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    numactl = bin_dir / "numactl"
+    numactl.write_text("#!/bin/sh\nexit 0\n")
+    numactl.chmod(0o755)
+    return {"PATH": str(bin_dir)}
+
+
 def test_measured_box_reads_gpus_numa_and_local_checks(tmp_path):
     port = free_port()
     gpus = fake_gpus(tuple(gpu(i, used=GiB, node=i // 4) for i in range(8)))
     args = [*KIMI_ARGS, "--hicache-size", "48", "--host", "127.0.0.1", "--port", str(port)]
     report = run_preflight(
-        measured_config(), args, gpu_sensor=gpus, probe=fake_host(tmp_path), env={}
+        measured_config(),
+        args,
+        gpu_sensor=gpus,
+        probe=fake_host(tmp_path),
+        env=with_numactl(tmp_path),
     )
     status = {c.name: c.status.value for c in report.checks}
     assert report.verdict == "fit", report.render_table()
@@ -80,6 +96,44 @@ def test_measured_box_reads_gpus_numa_and_local_checks(tmp_path):
     assert report.device_tokens_per_rank > 0
     assert status["numa_node0"] == status["numa_node1"] == "ok"
     assert status["port"] == status["gpu_holders"] == status["memlock"] == "ok"
+    numa = next(c for c in report.checks if c.name == "numa")
+    assert "numactl --membind" in numa.detail
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"PATH": "/nonexistent"}, "numactl is not on PATH"),
+        ({"SGLANG_NUMA_BIND_V2": "0"}, "a preferred node"),
+        ({"SGLANG_AUTO_NUMA_BIND": "0"}, "SGLANG_AUTO_NUMA_BIND=0"),
+    ],
+)
+def test_per_node_fit_is_checked_only_when_sglang_membinds(tmp_path, env, why):
+    gpus = fake_gpus(tuple(gpu(i, node=i // 4) for i in range(8)))
+    args = [*KIMI_ARGS, "--hicache-size", "48"]
+    environ = {**with_numactl(tmp_path), **env}
+    report = run_preflight(
+        measured_config(), args, gpu_sensor=gpus, probe=fake_host(tmp_path), env=environ
+    )
+    names = {c.name for c in report.checks}
+    assert "numa_node0" not in names
+    numa = next(c for c in report.checks if c.name == "numa")
+    assert why in numa.detail
+
+
+def test_numa_node_flag_maps_each_gpu_to_the_node_it_names(tmp_path):
+    """--numa-node is indexed by GPU id and wins over what NVML reports."""
+    gpus = fake_gpus(tuple(gpu(i, node=0) for i in range(8)))
+    args = [*KIMI_ARGS, "--hicache-size", "48", "--numa-node", *["1"] * 8]
+    report = run_preflight(
+        measured_config(),
+        args,
+        gpu_sensor=gpus,
+        probe=fake_host(tmp_path),
+        env=with_numactl(tmp_path),
+    )
+    nodes = {n["node"]: n["ranks"] for n in report.numa}
+    assert nodes == {0: 0, 1: 8}
 
 
 def test_busy_gpu_bound_port_and_cgroup_garbage(tmp_path):

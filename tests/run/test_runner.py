@@ -14,8 +14,10 @@ from structlog.testing import capture_logs
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import KillReason, MemoryAction, SignalEvent, WatchdogEvent
 from supervisor.core.lifecycle import HealthStatus
+from supervisor.core.units import GiB
 from supervisor.errors import CrashLoop, GpuUnrecoverable, ServerArgsRejected, StartupFailed
 from supervisor.memory.guard import MemoryGuard
+from supervisor.preflight.measurements import load_records
 from supervisor.run.plugins import Plugins
 from tests.fakes import FakeProc, RecordingResetter
 from tests.run.runner_support import LOAD_S, WARM_S, World, runner, settings, world
@@ -317,3 +319,38 @@ def test_a_stop_sigterms_first_and_kills_the_group_after_the_node_s_grace(
     assert w.server.terminated == 1
     assert killed_at[0] >= stop_at + grace_s
     assert killed_at[0] < stop_at + grace_s + 1.0  # no later than the next poll
+
+
+SIZING_LINES = [
+    "[2026-12-01 05:00:00 TP0] Load weight end. elapsed=9.10 s, type=LlamaForCausalLM, "
+    "avail mem=120.50 GB, mem usage=18.63 GB.",
+    "[2026-12-01 05:00:01 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 612345, "
+    "K size: 12.25 GB, V size: 12.25 GB",
+]
+
+
+def test_what_sglang_measured_is_filed_under_the_planned_deployment_at_ready(tmp_path: Path):
+    w = world(tmp_path)
+    w.launcher.output = SIZING_LINES
+    run = runner(w, settings(tmp_path))
+    w.events.at(LOAD_S + WARM_S + 5.0, SIGTERM)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    measured = next(e for e in logs if e["event"] == "sizing_measured")
+    assert measured["device_tokens"] == 612_345
+    records, problem = load_records(tmp_path)
+    assert problem is None
+    (record,) = records
+    assert record.deployment == run.fit.deployment  # type: ignore[union-attr]
+    assert record.measurement.weights_bytes == int(18.63 * GiB)
+    assert record.settings["kv_cache_dtype"] == "auto"
+
+
+def test_a_launch_without_sizing_lines_files_nothing(tmp_path: Path):
+    w = world(tmp_path)
+    run = runner(w, settings(tmp_path))
+    w.events.at(LOAD_S + WARM_S + 5.0, SIGTERM)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    assert any(e["event"] == "sizing_not_measured" for e in logs)
+    assert load_records(tmp_path) == ((), None)

@@ -1,0 +1,160 @@
+"""What SGLang measured about a launch, read from its own log, and when a later plan may use it.
+
+Per rank SGLang prints (formats checked by tests/contract):
+    Load weight end. elapsed=…, type=…, avail mem=A GB, mem usage=W GB.   (GB = GiB here)
+    KV Cache is allocated. dtype: …, #tokens: N, K size: … GB, V size: … GB   (or KV size)
+    Allocating kv hierarchical KV host pool: H tokens, X GB host memory.
+    Memory pool end. avail mem=L GB
+A + W is the free GPU memory before the weights (what SGLang sizes the KV pool from), W the
+weights on the GPU, N the device KV tokens. A rank reports for itself; the smallest value over
+the ranks is the one that binds (SGLang takes the minimum token count over the ranks).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from supervisor.core.sglang_args import LaunchPlan
+from supervisor.core.units import GiB
+
+_WEIGHTS = re.compile(r"Load weight end\..*avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
+_KV = re.compile(r"KV Cache is allocated\. .*#tokens: (\d+)")
+_HOST_POOL = re.compile(r"hierarchical KV host pool: (\d+) tokens")
+_POOL_END = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
+_RANK = re.compile(r"\bTP(\d+)\b")
+# Bounds of the record file: a few launches per deployment, a few deployments per instance.
+RECORDS_PER_DEPLOYMENT = 4
+RECORDS_MAX = 32
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """One launch's numbers, the smallest over its ranks (None: not printed)."""
+
+    pre_load_free_bytes: int | None = None
+    weights_bytes: int | None = None
+    device_tokens: int | None = None
+    host_pool_tokens: int | None = None
+    free_after_pools_bytes: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        return None not in (self.pre_load_free_bytes, self.weights_bytes, self.device_tokens)
+
+
+class SizingLog:
+    """Fed every line of one launch's output; keeps per-rank numbers (a few ints)."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[int, dict[str, int]] = {}
+
+    def feed(self, line: str) -> None:
+        if "mem" not in line and "tokens" not in line:
+            return  # the common case: not a sizing line
+        rank_match = _RANK.search(line)
+        rank = self._ranks.setdefault(int(rank_match.group(1)) if rank_match else 0, {})
+        if (m := _WEIGHTS.search(line)) is not None:
+            avail, usage = float(m.group(1)), float(m.group(2))
+            rank["pre_load_free_bytes"] = int((avail + usage) * GiB)
+            rank["weights_bytes"] = int(usage * GiB)
+        elif (m := _KV.search(line)) is not None:
+            rank["device_tokens"] = int(m.group(1))
+        elif (m := _HOST_POOL.search(line)) is not None:
+            rank["host_pool_tokens"] = rank.get("host_pool_tokens", 0) + int(m.group(1))
+        elif (m := _POOL_END.search(line)) is not None:
+            rank["free_after_pools_bytes"] = int(float(m.group(1)) * GiB)
+
+    def measurement(self) -> Measurement:
+        """The binding value of each number: the least free memory and tokens, the most weights."""
+
+        def over_ranks(key: str, pick: Any = min) -> int | None:
+            values = [r[key] for r in self._ranks.values() if key in r]
+            return pick(values) if values else None
+
+        return Measurement(
+            pre_load_free_bytes=over_ranks("pre_load_free_bytes"),
+            weights_bytes=over_ranks("weights_bytes", max),
+            device_tokens=over_ranks("device_tokens"),
+            host_pool_tokens=over_ranks("host_pool_tokens"),
+            free_after_pools_bytes=over_ranks("free_after_pools_bytes"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Deployment:
+    """What a measurement belongs to: model, parallelism, GPU model and SGLang release."""
+
+    model: str
+    tp_size: int
+    pp_size: int
+    gpu_name: str  # "" when the GPUs were not read (planning another box)
+    gpu_total_bytes: int | None
+    sglang_version: str
+
+    def matches(self, other: Deployment) -> bool:
+        same = (self.model, self.tp_size, self.pp_size, self.sglang_version) == (
+            other.model,
+            other.tp_size,
+            other.pp_size,
+            other.sglang_version,
+        )
+        if self.gpu_name and other.gpu_name:
+            return same and self.gpu_name == other.gpu_name
+        return same and self.gpu_total_bytes == other.gpu_total_bytes
+
+
+def device_settings(plan: LaunchPlan) -> dict[str, Any]:
+    """The flags besides the deployment that size the device pool: a measured token count is
+    reused as is only when all of them are the same."""
+    return {
+        "mem_fraction_static": plan.mem_fraction_static,
+        "kv_cache_dtype": plan.kv_cache_dtype,
+        "page_size": plan.page_size,
+        "max_total_tokens": plan.max_total_tokens,
+        "cpu_offload_gb": plan.cpu_offload_gb,
+        "speculative_algorithm": plan.speculative_algorithm,
+        "chunked_prefill_size": plan.chunked_prefill_size,
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    deployment: Deployment
+    settings: Mapping[str, Any]
+    measurement: Measurement
+    at: float  # seconds since the epoch
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "deployment": asdict(self.deployment),
+            "settings": dict(self.settings),
+            "measurement": asdict(self.measurement),
+            "at": self.at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Record:
+        """Raises TypeError/KeyError/ValueError on what is not a record."""
+        return cls(
+            deployment=Deployment(**data["deployment"]),
+            settings=dict(data["settings"]),
+            measurement=Measurement(**data["measurement"]),
+            at=float(data["at"]),
+        )
+
+
+def add_record(records: Sequence[Record], new: Record) -> tuple[Record, ...]:
+    """The records with `new` appended, bounded per deployment and in all (oldest dropped)."""
+    same = [r for r in records if r.deployment.matches(new.deployment)]
+    others = [r for r in records if not r.deployment.matches(new.deployment)]
+    kept = [*same, new][-RECORDS_PER_DEPLOYMENT:]
+    return tuple(sorted([*others, *kept], key=lambda r: r.at)[-RECORDS_MAX:])
+
+
+def latest_for(records: Sequence[Record], deployment: Deployment) -> Record | None:
+    """The newest complete measurement of this deployment."""
+    found = [r for r in records if r.deployment.matches(deployment) and r.measurement.complete]
+    return max(found, key=lambda r: r.at) if found else None

@@ -1,0 +1,120 @@
+"""SGLang's own sizing lines read per rank, and the bounded records a later plan may use."""
+
+from __future__ import annotations
+
+from supervisor.core.measured import (
+    RECORDS_MAX,
+    RECORDS_PER_DEPLOYMENT,
+    Deployment,
+    Measurement,
+    Record,
+    SizingLog,
+    add_record,
+    latest_for,
+)
+from supervisor.core.units import GiB
+
+PREFIX = "[2026-12-01 05:00:00 TP{rank}] "
+
+
+def line(rank: int, text: str) -> str:
+    return PREFIX.format(rank=rank) + text
+
+
+def test_each_rank_reports_for_itself_and_the_binding_value_is_kept():
+    log = SizingLog()
+    for rank, (avail, usage, tokens) in enumerate(
+        [(19.73, 72.04, 159_104), (19.50, 72.20, 158_976)]
+    ):
+        log.feed(
+            line(
+                rank,
+                f"Load weight end. elapsed=81.20 s, type=KimiK25ForConditionalGeneration, "
+                f"avail mem={avail:.2f} GB, mem usage={usage:.2f} GB.",
+            )
+        )
+        log.feed(
+            line(
+                rank,
+                f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {tokens}, "
+                "KV size: 10.41 GB",
+            )
+        )
+        log.feed(
+            line(
+                rank,
+                "Allocating kv hierarchical KV host pool: 683061 tokens, 48.00 GB host memory.",
+            )
+        )
+        log.feed(line(rank, "Memory pool end. avail mem=3.10 GB"))
+    got = log.measurement()
+    assert got.device_tokens == 158_976  # the smallest rank binds
+    assert got.weights_bytes == int(72.20 * GiB)  # the heaviest rank binds
+    assert got.pre_load_free_bytes == int((19.50 + 72.20) * GiB)
+    assert got.host_pool_tokens == 683_061
+    assert got.free_after_pools_bytes == int(3.10 * GiB)
+    assert got.complete
+
+
+def test_mha_lines_and_ordinary_lines():
+    log = SizingLog()
+    log.feed("Uvicorn running on http://0.0.0.0:30000 (Press CTRL+C to quit)")
+    log.feed(
+        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 618574, K size: 12.37 GB, "
+        "V size: 12.37 GB"
+    )
+    got = log.measurement()
+    assert got.device_tokens == 618_574
+    assert not got.complete  # no weights line: not enough to plan from
+
+
+def deployment(gpu_name: str = "NVIDIA RTX PRO 6000", total: int | None = 96 * GiB) -> Deployment:
+    return Deployment(
+        model="moonshotai/Kimi-K2.5",
+        tp_size=8,
+        pp_size=1,
+        gpu_name=gpu_name,
+        gpu_total_bytes=total,
+        sglang_version="0.5.23",
+    )
+
+
+def record(at: float, dep: Deployment | None = None, tokens: int = 159_000) -> Record:
+    measured = Measurement(
+        pre_load_free_bytes=90 * GiB, weights_bytes=72 * GiB, device_tokens=tokens
+    )
+    return Record(deployment=dep or deployment(), settings={}, measurement=measured, at=at)
+
+
+def test_a_deployment_matches_by_gpu_name_or_without_one_by_memory():
+    assert deployment().matches(deployment())
+    assert not deployment().matches(deployment(gpu_name="NVIDIA H200"))
+    assert deployment(gpu_name="").matches(deployment())  # planning: no name read
+    assert not deployment(gpu_name="").matches(deployment(total=80 * GiB))
+
+
+def test_records_are_bounded_per_deployment_and_in_all_and_the_newest_is_used():
+    records: tuple[Record, ...] = ()
+    for i in range(RECORDS_PER_DEPLOYMENT + 3):
+        records = add_record(records, record(float(i), tokens=150_000 + i))
+    assert len(records) == RECORDS_PER_DEPLOYMENT
+    newest = latest_for(records, deployment())
+    assert newest is not None
+    assert newest.measurement.device_tokens == 150_000 + RECORDS_PER_DEPLOYMENT + 2
+    for i in range(RECORDS_MAX + 5):
+        other = Deployment(
+            model=f"m{i}",
+            tp_size=1,
+            pp_size=1,
+            gpu_name="g",
+            gpu_total_bytes=1,
+            sglang_version="0.5.23",
+        )
+        records = add_record(records, record(100.0 + i, other))
+    assert len(records) == RECORDS_MAX
+    assert latest_for(records, deployment()) is None  # the oldest were dropped
+
+
+def test_a_record_reads_back_from_its_json():
+    original = record(12.5)
+    assert Record.from_json(original.to_json()) == original
