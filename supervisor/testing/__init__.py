@@ -1,7 +1,8 @@
 """Simulated SGLang server and simulated GPUs: the test bed the supervisor is tested against.
 
 Shipped with the product (the `demo` and a GPU-less systemd trial use it) but imported by the
-product only when the GPU backend `sim` is chosen. Facts imitated: docs/sglang.md (SGLang 0.5.23).
+product only when the GPU backend `sim` is chosen. Imitates SGLang 0.5.23, written from its source
+(each module cites the files and functions it follows); docs/sglang.md summarises the facts.
 
 Launch (exactly SGLang's argv after the module):
     python -m supervisor.testing.fake_sglang --model-path M [launch_server flags ...]
@@ -22,29 +23,39 @@ Environment variables
 Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled as above;
 `after_s` counts from the end of that rank's load; unknown keys or wrong types exit 2)
     startup_s              0.2   load time per rank: the port refuses connections meanwhile
-    warmup_s               0.1   after binding: /health and /ready 503 ("Starting"), then 200
-    drain_s                0.1   SIGTERM: time spent draining (SGLang: polls + 15 s wait)
-    crash_dump_wait_s      0.2   crash path: HTTP frozen this long before the tree is SIGKILLed
-                                 (SGLang: 5 s + py-spy + 60 s coredump wait ≈ 65 s)
+    warmup_s               0.1   after binding: /health and /ready 503 ("Starting") until the
+                                 warmup request is done, then 200
+    request_s              0     how long a POST /generate takes (counted in flight meanwhile)
+    drain_poll_s           0.05  SIGTERM: the drain looks at the requests in flight this often
+                                 (sigterm_watchdog: 5 s in SGLang)
+    scheduler_exit_timeout_s 15  after the drain, how long the schedulers get to leave on the
+                                 ShutdownReq before they are killed (15 s in SGLang)
+    crash_dump_wait_s      0.2   crash dump (running-phase SIGQUIT, or SIGTERM after a failed
+                                 health check): HTTP frozen this long (SGLang: 5 s + py-spy +
+                                 60 s coredump wait ≈ 65 s); none when both
+                                 SGLANG_PYSPY_DUMP_BEFORE_CRASH and
+                                 SGLANG_CUDA_COREDUMP_BEFORE_CRASH are off (0/false)
     health_check_timeout_s 2.0   /health waits this long for every rank to answer a ping
                                  (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s in SGLang)
     runtime_gb             4.0   private anonymous memory per rank (torch/CUDA/NCCL runtime)
     gpu_total_bytes        -     GPU size for sizing when no state dir (default H200, 143771 MiB)
-    weight_bytes_per_rank  20 GiB  weights on each GPU, for the device KV pool
-    cuda_context_bytes     0     GPU memory taken before SGLang measures free memory
+    weight_bytes_per_rank  20 GiB  weights each rank puts on its GPU
+    cuda_context_bytes     0     GPU memory a rank takes before SGLang measures free memory
     max_total_num_tokens   -     device KV tokens per rank (default: sized as SGLang sizes it)
     leak                   {rank 0, bytes_per_s 1 MiB, after_s 0, max_bytes 32 MiB,
                             kind "anon"|"shmem"}: real bytes (not scaled), touched, growing
                            until max_bytes; anon shows as RssAnon, shmem as RssShmem
     crash                  {rank 0, after_s 0, signal "SIGKILL"|9 | exit_code N}: the rank kills
                            itself with the signal, or logs "Scheduler hit an exception", sends
-                           SIGQUIT to the main process and exits N; either way the main
-                           process runs the crash path (below)
-    zombie                 {rank 0, after_s 0}: the rank exits 0 and the main process never
-                           reaps it (state Z); /health then answers 503 (the rank is silent)
+                           SIGQUIT to its parent and exits N (SGLang's own scheduler exits 0
+                           there). A scheduler's parent is the main process, or the DP
+                           controller with plain --dp-size, which that SIGQUIT kills (-3)
+    zombie                 {rank 0, after_s 0}: the rank exits 0 and its parent never reaps it
+                           (state Z); /health then answers 503 (the rank is silent)
     hang                   {rank 0, after_s 0}: the rank SIGSTOPs itself (state T); /health 503
     health_fail_after_s    -     once up this long, /health and /health_generate fail ...
-    health_fail_mode       "503" ... with 503, or "no_answer" (the request never answers)
+    health_fail_mode       "503" ... with 503 (the server turns UnHealthy), or "no_answer"
+                                 (the request never answers)
     ignore_sigterm         false the main process ignores SIGTERM and SIGINT (only KILL works)
     orphan                 {kind "setsid"|"double_fork", holds_gpu false, rank 0, after_s 0,
                             lifetime_s 20, gpu_bytes 1 GiB, title "sglang::tokenizer_worker:{pid}"}:
@@ -54,58 +65,126 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                            PDEATHSIG, and exits by itself after lifetime_s
     gpu_release_delay_s    0     GPU memory of a dead rank stays used (PID still listed) this long
     gpu_stuck              false GPU memory of a dead rank is never released, until fake_gpu_reset
-    exit_code_on_start     -     rank 0 dies with this code half-way through startup_s; the main
-                                 process logs "Rank 0 scheduler died during initialization
-                                 (exit code: N)", kills the tree and exits N
+    exit_code_on_start     -     rank 0 exits with this code half-way through startup_s, outside
+                                 Python's handlers (no SIGQUIT); the main process raises
+                                 "RuntimeError: Rank 0 scheduler died during initialization
+                                 (exit code: N). …", kills the tree and exits 1
     bad_flags              []    flags rejected like argparse: exit 2 before anything starts
     hang_nvml_s            -     written to the state dir: every fake_nvml call blocks this long
 
-Processes (SGLang's model, docs/sglang.md §3): the main process (title unchanged) serves HTTP and
-spawns, with multiprocessing "spawn", one scheduler per local rank titled
-sglang::scheduler[_DP{d}][_PP{p}][_TP{t}][_EP{e}] (plain sglang::scheduler for tp=1, no DP/PP/EP)
-and sglang::detokenizer (plus multiprocessing's resource tracker). No setsid: all share the
-launcher's process group. Children set PR_SET_PDEATHSIG=SIGKILL and exit if the parent died
-before that; they ignore SIGTERM/SIGINT (the main process takes them down). Each rank on
-"load" registers GPU memory (static pool: total × mem_fraction_static) on GPU
-base_gpu_id + rank × gpu_id_step, holds runtime_gb as RssAnon and, with
---enable-hierarchical-cache, its host pool as touched MAP_SHARED|MAP_ANONYMOUS (RssShmem),
-sized by supervisor/testing/sizing.py, a transcription of SGLang's own sizing code kept apart
-from the pre-flight's (size, ratio and default-ratio modes; SGLang's auto-sizing is not
-simulated: auto uses the default ratio). A --model-path without a readable config.json uses
-Llama-3-70B geometry (80 layers, 8 KV heads, head_dim 128, bf16).
+Processes (SGLang 0.5.23; supervisor/testing/topology.py): the main process (title unchanged)
+serves HTTP; every child is a multiprocessing "spawn" child; nobody calls setsid, so all share
+the launcher's process group. With num_dp_ranks = dp_size × attn_dp_size > 1 there is a
+sglang::data_parallel_controller, a child of the main process: with plain --dp-size it spawns
+each DP group's schedulers itself ("Launch DP{d} starting at GPU #{offset}."); with attention DP
+(--attn-dp-size, or the deprecated --dp-size N --enable-dp-attention) the main process starts
+the schedulers and the controller. Schedulers are titled sglang::scheduler plus, in this order
+and each only when its width is > 1, _DP{d} (only with a DP controller), _PP{p},
+_ATTN_CP{c} (--attn-cp-size), _MOE_DP{m} (--moe-dp-size), _TP{t}, _EP{e} (ranks derived as
+runtime_context.py derives them); their log prefix is the same with spaces ("[… DP0 TP1]").
+Then, on node_rank 0 only: sglang::detokenizer, or with --detokenizer-worker-num N > 1 N of
+them and a sglang::detokenizer_router. With --tokenizer-worker-num N > 1, N uvicorn workers
+titled sglang::tokenizer_worker:{pid}, children of the main process, without PDEATHSIG (they
+outlive a killed main process and keep the listening socket bound), replaced when one dies; the
+arguments go to shared memory /dev/shm/multi_tokenizer_args_{main pid} (unlinked on a clean
+stop, left behind by a SIGKILL). Plus multiprocessing's resource tracker. Schedulers,
+detokenizers, router and controller set PR_SET_PDEATHSIG=SIGKILL and exit if the parent died
+before that; no child installs a SIGTERM or SIGINT handler: SIGTERM kills it (-15), SIGINT
+raises KeyboardInterrupt (exit 1, traceback); tokenizer workers take SIGTERM (below). GPU of a
+rank: base_gpu_id + DP group offset (d × tp × pp × gpu_id_step, plain DP) +
+(pp_rank % pp_per_node) × tp_per_node + (tp_rank % tp_per_node) × gpu_id_step. Each rank
+registers on its simulated GPU, stage by stage: cuda_context_bytes, + weight_bytes_per_rank
+after the load, + its KV pool (K and V, or KV, each with the padded page). It holds runtime_gb
+as RssAnon and, with --enable-hierarchical-cache, its host pool (DSA: + the indexer's) as
+touched MAP_SHARED|MAP_ANONYMOUS (RssShmem), sized by supervisor/testing/sizing.py, a
+transcription of SGLang's sizing code kept apart from the pre-flight's (size, ratio and
+default-ratio modes; SGLang's auto-sizing is not simulated: auto uses the default ratio). A
+--model-path without a readable config.json uses Llama-3-70B geometry (80 layers, 8 KV heads,
+head_dim 128, bf16).
 
-Not simulated: the DP controller process (with plain --dp-size the schedulers are children of
-the main process here), tokenizer workers, real requests, SGLang's HiCache auto-sizing.
+Not simulated: SGLang's HiCache auto-sizing; real generation (a request just takes request_s);
+uvicorn's HTTP inside the tokenizer workers (the main process serves HTTP, the workers only
+stand for the process tree); uvicorn's access log; SIGHUP/SIGTTIN/SIGTTOU in multi-tokenizer
+mode (taken and ignored); a warmup that fails by itself.
 
-HTTP (after all ranks loaded; connection refused before): /health, /health_generate (503 while
-starting or draining, 200 when every rank answers), /ready, /model_info, /server_info (with
-max_total_num_tokens), /v1/models, /metrics (sglang:* names, only with --enable-metrics; 404
-otherwise), POST /generate (toy). --api-key guards all but /health*, /ready and /metrics.
+HTTP (after all ranks loaded; connection refused before): /health and /health_generate (503
+while Starting; while shutting down 503 with "Health check request received during shutdown.
+Returning 503."; otherwise every rank must answer a ping: 200 and Up, or "Health check
+failed. …", 503 and UnHealthy), /ready (200 only when Up and not shutting down), /model_info,
+/server_info (with max_total_num_tokens), /v1/models, /metrics (sglang:* names, with
+num_running_reqs = requests in flight; only with --enable-metrics, 404 otherwise), POST
+/generate (served in every state, draining included; counted in flight for request_s).
+--api-key guards all but /health*, /ready and /metrics. Worker nodes (node_rank >= 1) run
+SGLang's dummy health server instead: /health, /health_generate, /ping always 200, /metrics
+with --enable-metrics, 404 for anything else.
 
-Exit codes of the main process
-    0     SIGTERM/SIGINT: 503, drain_s, children told to exit (SIGKILL after 5 s), exit 0
-    2     bad_flags hit, an argv the parser rejects, no --model-path, a bad scenario or a
-          FAKE_SGLANG_BYTES_PER_GB that is not a byte count
-    1     a rank died during load (exit_code_on_start: that code instead); port already in
-          use; setproctitle not installed (pip install 'sglang-supervisor[testing]')
-    -9    crash path: a rank exited non-zero (seen within 0.05 s) or sent SIGQUIT: HTTP frozen
-          for crash_dump_wait_s, every descendant SIGKILLed, then the main process itself
+Signals and exit codes of the main process (supervisor/testing/stopping.py)
+    SIGQUIT  launch phase (until the first generate request: the warmup's, a /health's or a
+             client's): "Received sigquit from a child process. It usually means the child
+             failed.", tree killed at once, -9. Running phase: "SIGQUIT received. signum=None,
+             frame=None. It usually means one child failed.", watchdog stopped, crash dump
+             (crash_dump_wait_s, HTTP frozen), tree killed, -9. With tokenizer workers uvicorn
+             owns SIGQUIT: it is swallowed and the server keeps running.
+    SIGTERM  while loading: default action, -15 (children follow by PDEATHSIG). Node 0 before
+             the first generate request (uvicorn's handler): "INFO:     Shutting down", requests
+             in flight finish, "Finished server process [P]", then -15; during the warmup the
+             warmup fails instead ("Initialization failed. warmup error: …", tree killed, -9;
+             SGLang may retry /model_info for 2 minutes first). Node 0 afterwards
+             (tokenizer_manager.py SignalHandler): "SIGTERM received. signum=None frame=None.
+             Draining requests and shutting down...", HTTP as above, every drain_poll_s
+             "Gracefully exiting... Remaining number of requests N. Remaining requests
+             remaining_rids=[...]." until N is 0 (UnHealthy: "Signal SIGTERM received while
+             health check failed. Force exiting." and a crash dump instead; SGL_FORCE_SHUTDOWN:
+             "Signal SIGTERM received while force shutdown flag set. Force exiting."), then the
+             watchdog stops, the schedulers get a ShutdownReq and exit 0 (after
+             scheduler_exit_timeout_s: "Schedulers still alive Ts after ShutdownReq, killing
+             them before they released: [pids]"), the rest is killed, uvicorn shuts down: 0.
+             With tokenizer workers: "INFO:     Received SIGTERM, exiting.", SIGTERM to each
+             worker ("Terminated child process [P]"; each drains and exits 0), requests in
+             flight finish, ShutdownReq, "Stopping parent process [P]", shm unlinked: 0.
+             Node >= 1 (entrypoints/engine.py): "SIGTERM received on node_rank N; waiting for
+             the rank-0 ShutdownReq broadcast to stop the schedulers." and nothing else; the
+             dummy health server keeps answering 200; the main process exits 0 once every
+             scheduler has exited ("Scheduler or DataParallelController P terminated with N").
+    SIGINT   while loading, and on node >= 1: KeyboardInterrupt, children killed, -2. Node 0:
+             uvicorn's graceful shutdown as for SIGTERM (warmup failure included), then
+             KeyboardInterrupt, children killed, -2. With tokenizer workers: as SIGTERM,
+             "Received SIGINT, exiting.".
+    0        a clean stop (above)
+    1        a rank died during load ("RuntimeError: Rank I scheduler died during
+             initialization (exit code: N). …"); setproctitle not installed
+    2        bad_flags hit, an argv the parser rejects, no --model-path, a bad scenario or a
+             FAKE_SGLANG_BYTES_PER_GB that is not a byte count
+    3        the port is taken (uvicorn's STARTUP_FAILURE; SGLang with its warmup on instead
+             retries /model_info for 2 minutes and kills itself, -9)
+    -9, -15, -2  as above
+SubprocessWatchdog (utils/watchdog.py): from the end of the load, a child (scheduler_I in
+SGLang's list, the DP controller being scheduler_0; detokenizer, detokenizer_I,
+detokenizer_router) found dead with a non-zero code (-15 and -9 included) gives "Subprocess
+NAME (pid=P) crashed with exit code N. Triggering SIGQUIT for cleanup..." and a SIGQUIT to the
+main process; the watchdog then stops. None on worker nodes (but process_I with attention DP).
 
-Log lines (stderr, one flush per line, "[YYYY-mm-dd HH:MM:SS( TP0)] ..."):
-    server_args=ServerArgs(model_path=..., tp_size=..., ...)
-    Load weight begin. avail mem=X GB            (per rank)
-    Load weight end. type=..., dtype=...         (per rank)
-    KV Cache is allocated. dtype: ..., #tokens: N, K size: X GB, V size: Y GB
-    Allocating MHA|MLA|DSA hierarchical KV host pool: N tokens, X GB host memory.
-    Uvicorn running on http://HOST:PORT (Press CTRL+C to quit)
-    Start of prefill warmup ...
+Log lines (stderr, one flush per line; SGLang's "[YYYY-mm-dd HH:MM:SS{prefix}] ...", uvicorn's
+"[YYYY-mm-dd HH:MM:SS] INFO:     ..."):
+    server_args={'model_path': ..., 'tp_size': ..., ..., 'api_key': ...}   (in clear, as SGLang)
+    Launch DP{d} starting at GPU #{offset}.                (plain DP, the controller)
+    Load weight begin. avail mem=X.XX GB                   (per rank; GB = 2**30)
+    Load weight end. elapsed=X.XX s, type=Arch, [quant=..., ]avail mem=X.XX GB, mem usage=Y.YY GB.
+    KV Cache is allocated. dtype: torch.bfloat16, #tokens: N, K size: X.XX GB, V size: Y.YY GB
+    KV Cache is allocated. dtype: ..., #tokens: N, KV size: X.XX GB      (MLA, DSA)
+    Memory pool end. avail mem=X.XX GB
+    HiCache kv host pool (N tokens) is smaller than the device pool (M tokens);L2 cache ...
+    Allocating kv hierarchical KV host pool: N tokens, X.XX GB host memory.   (GB = 1e9)
+    Allocating X.XX GB host memory for DSA indexer (layout=page_first).
+    INFO:     Started server process [P] / Waiting for application startup. / Application
+              startup complete. / Uvicorn running on http://HOST:PORT (Press CTRL+C to quit)
     The server is fired up and ready to roll!
-    Scheduler hit an exception: ...              (crash with exit_code, exit_code_on_start)
-    Subprocess scheduler_I (pid=P) crashed with exit code N
-    Received sigquit from a child process. It usually means the child failed.
-    Rank I scheduler died during initialization (exit code: N)
-    Received SIGTERM. Gracefully exiting... Remaining number of requests 0
-    [Errno 98] error while attempting to bind on address ('HOST', PORT): address already in use
+    Scheduler hit an exception: ...                        (crash with exit_code)
+    DataParallelController hit an exception: ...           (a rank died before it was ready)
+    kill_process_tree called: parent_pid=P, include_parent=True|False, pid=P
+    ERROR:    [Errno 98] error while attempting to bind on address ('HOST', PORT): address
+              already in use
+    and the stop and crash lines above.
 
 Simulated GPUs (FAKE_GPU_STATE_DIR; details in gpu_state.py): gpus.json lists N GPUs (index,
 uuid, name, total_bytes, numa_node, baseline_used_bytes); holders/gpu<I>-pid<P>.json, one file

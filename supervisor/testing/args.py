@@ -22,22 +22,21 @@ _NEIGHBOURS = (
     "--pp-async-batch-depth",
     "--tokenizer-path",
     "--tokenizer-mode",
-    "--detokenizer-worker-num",
+    "--tokenizer-backend",
+    "--moe-dense-tp-size",
     "--dist-init-addr",
     "--dist-timeout",
-    "--enable-metrics-for-all-schedulers",
     "--hicache-write-policy",
-    "--hicache-io-backend",
-    "--hicache-mem-layout",
     "--hicache-storage-backend",
     "--max-running-requests",
     "--max-prefill-tokens",
     "--chunked-prefill-size",
     "--served-model-name",
-    "--skip-tokenizer-init",
     "--api-key",
     "--admin-api-key",
 )
+# Boolean neighbours take no value (a value-taking registration would swallow the next flag).
+_SWITCH_NEIGHBOURS = ("--enable-metrics-for-all-schedulers",)
 
 
 class SimArgsError(ValueError):
@@ -59,6 +58,8 @@ class SimArgs:
     pp_size: int
     attn_dp_size: int
     enable_dp_attention: bool
+    attn_cp_size: int
+    moe_dp_size: int
     ep_size: int
     nnodes: int
     node_rank: int
@@ -71,6 +72,11 @@ class SimArgs:
     hicache_ratio: float | None
     hicache_size: int
     hicache_host_memory_mode: str
+    hicache_mem_layout: str
+    hicache_io_backend: str
+    tokenizer_worker_num: int
+    detokenizer_worker_num: int
+    skip_tokenizer_init: bool
     host: str
     port: int
     base_gpu_id: int
@@ -90,7 +96,13 @@ def _parser() -> _Parser:
     p.add_argument(
         "--attn-dp-size", "--attention-data-parallel-size", dest="attn_dp_size", type=int
     )
+    # Deprecated in 0.5.23 (server_args.py DeprecatedStoreTrueAction); resolution turns
+    # `--dp-size N --enable-dp-attention` into `--attn-dp-size N` (parallel_hook.py).
     p.add_argument("--enable-dp-attention", action="store_true")
+    p.add_argument(
+        "--attn-cp-size", "--attention-context-parallel-size", dest="attn_cp_size", type=int
+    )
+    p.add_argument("--moe-dp-size", "--moe-data-parallel-size", dest="moe_dp_size", type=int)
     p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int)
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
@@ -104,14 +116,33 @@ def _parser() -> _Parser:
     p.add_argument("--hicache-ratio", type=float)
     p.add_argument("--hicache-size", type=int, default=0)
     p.add_argument("--hicache-host-memory-mode", choices=("cache", "buffer_only"), default="cache")
+    p.add_argument(
+        "--hicache-mem-layout",
+        choices=(
+            "layer_first",
+            "page_first",
+            "page_first_direct",
+            "page_first_kv_split",
+            "page_head",
+        ),
+        default="page_first",
+    )
+    p.add_argument(
+        "--hicache-io-backend", choices=("direct", "kernel", "kernel_ascend"), default="kernel"
+    )
+    p.add_argument("--tokenizer-worker-num", type=int, default=1)
+    p.add_argument("--detokenizer-worker-num", type=int, default=1)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--base-gpu-id", type=int, default=0)
     p.add_argument("--gpu-id-step", type=int, default=1)
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--skip-server-warmup", action="store_true")
+    p.add_argument("--skip-tokenizer-init", action="store_true")
     for flag in _NEIGHBOURS:
         p.add_argument(flag, dest=flag[2:].replace("-", "_"))
+    for flag in _SWITCH_NEIGHBOURS:
+        p.add_argument(flag, action="store_true")
     return p
 
 
@@ -131,6 +162,8 @@ def parse_sim_args(argv: Sequence[str]) -> SimArgs:
         pp_size=ns.pp_size,
         attn_dp_size=ns.attn_dp_size or 1,
         enable_dp_attention=ns.enable_dp_attention,
+        attn_cp_size=ns.attn_cp_size or 1,
+        moe_dp_size=ns.moe_dp_size or 1,
         ep_size=ns.ep_size or 1,
         nnodes=ns.nnodes,
         node_rank=ns.node_rank,
@@ -143,6 +176,11 @@ def parse_sim_args(argv: Sequence[str]) -> SimArgs:
         hicache_ratio=ns.hicache_ratio,
         hicache_size=ns.hicache_size,
         hicache_host_memory_mode=ns.hicache_host_memory_mode,
+        hicache_mem_layout=ns.hicache_mem_layout,
+        hicache_io_backend=ns.hicache_io_backend,
+        tokenizer_worker_num=ns.tokenizer_worker_num,
+        detokenizer_worker_num=ns.detokenizer_worker_num,
+        skip_tokenizer_init=ns.skip_tokenizer_init,
         host=ns.host,
         port=ns.port,
         base_gpu_id=ns.base_gpu_id,

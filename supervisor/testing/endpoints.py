@@ -1,40 +1,56 @@
 """The simulated server's HTTP side: SGLang's endpoints over stdlib http.server.
 
-Serves /health, /health_generate, /ready, /model_info, /server_info, /v1/models, /metrics
-(with --enable-metrics) and a toy POST /generate, with SGLang's status codes per phase
-(docs/sglang.md §4). /health pings every scheduler over its pipe, as SGLang's 1-token generation
-needs every rank to answer.
+Imitated (paths under sglang/srt/): entrypoints/http_server.py `health_generate` (/health and
+/health_generate: 503 while shutting down, with "Health check request received during shutdown.
+Returning 503.", 503 while Starting, otherwise a 1-token generation every rank must answer; a
+failure logs "Health check failed. …" and marks the server UnHealthy, a success marks it Up),
+`ready` (200 only when Up and not shutting down), the toy /generate (tokenizer_manager.py
+`generate_request`: accepted in every state, draining included, counted in `rid_to_state` until
+answered; the first one installs the tokenizer manager's signal handlers,
+`auto_create_handle_loop`), /model_info, /server_info, /v1/models, /metrics (only with
+--enable-metrics). Worker nodes run utils/common.py `launch_dummy_health_check_server`:
+/health, /health_generate and /ping always 200, nothing else.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing.connection import Connection
 from typing import Any
 
 from supervisor.testing.args import SimArgs
+from supervisor.testing.ranks import log
 from supervisor.testing.scenario import Scenario
 
-PHASE_STARTING = "starting"  # HTTP up, warmup not done: health 503
-PHASE_UP = "up"
-PHASE_DRAINING = "draining"  # after SIGTERM: health and ready 503
-PHASE_CRASHING = "crashing"  # crash path: HTTP frozen, no answers (docs/sglang.md §3.1)
+STARTING = "Starting"  # tokenizer_manager.py ServerStatus
+UP = "Up"
+UNHEALTHY = "UnHealthy"
+# How often a request in progress looks whether the server froze meanwhile.
+_TICK_S = 0.01
 
 
 class RankLink:
-    """The main process's end of one scheduler's pipe, shared by HTTP threads."""
+    """The parent's end of one child's pipe, shared by HTTP threads."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self._lock = threading.Lock()
         self._seq = itertools.count()
 
+    def send(self, message: object) -> None:
+        # A child that is gone is noticed by whoever watches it.
+        with self._lock, contextlib.suppress(OSError):
+            self.conn.send(message)
+
     def ping(self, timeout_s: float) -> bool:
-        """True when the rank answers within `timeout_s` (a stopped or dead rank does not)."""
+        """True when the child answers within `timeout_s` (a stopped or dead one does not)."""
         deadline = time.monotonic() + timeout_s
         if not self._lock.acquire(timeout=timeout_s):
             return False
@@ -44,8 +60,7 @@ class RankLink:
             while (left := deadline - time.monotonic()) > 0:
                 if not self.conn.poll(left):
                     return False
-                reply = self.conn.recv()
-                if reply == ("pong", seq):
+                if self.conn.recv() == ("pong", seq):
                     return True
             return False
         except (OSError, EOFError):
@@ -55,7 +70,7 @@ class RankLink:
 
 
 class ServerView:
-    """What the HTTP threads see of the server: phase, static info, links to the ranks."""
+    """What the HTTP threads see of the server, and what they change in it."""
 
     def __init__(
         self, plan: SimArgs, scenario: Scenario, info: dict[str, Any], ranks: list[RankLink]
@@ -64,21 +79,41 @@ class ServerView:
         self.scenario = scenario
         self.info = info
         self.ranks = ranks
-        self._phase = PHASE_STARTING
-        self._up_at: float | None = None
+        self.status = STARTING
+        self.gracefully_exit = False
+        self.frozen = False  # the event loop is blocked (crash dump, final waits): no answers
+        self.on_first_generate: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
+        self._up_at: float | None = None
+        self._requests: dict[str, float] = {}  # rid_to_state
+        self._last_receive = time.time()
         self.never = threading.Event()  # waited on to "freeze" a request; never set
 
-    @property
-    def phase(self) -> str:
+    def set_up(self) -> None:
         with self._lock:
-            return self._phase
+            self.status = UP
+            self._up_at = time.monotonic()
 
-    def set_phase(self, phase: str) -> None:
+    def remaining_rids(self) -> list[str]:
         with self._lock:
-            self._phase = phase
-            if phase == PHASE_UP:
-                self._up_at = time.monotonic()
+            return list(self._requests)
+
+    def generate(self) -> bool:
+        """One request, in flight for request_s; answered even while draining.
+
+        False when the server froze meanwhile (the answer never comes)."""
+        self.on_first_generate()
+        rid = uuid.uuid4().hex
+        with self._lock:
+            self._requests[rid] = time.monotonic()
+        deadline = time.monotonic() + self.scenario.request_s
+        while time.monotonic() < deadline:
+            time.sleep(_TICK_S)
+        if self.frozen:
+            return False  # in flight for good: the crash path kills the process
+        with self._lock:
+            self._requests.pop(rid, None)
+        return True
 
     def health_failing(self) -> bool:
         after_s = self.scenario.health_fail_after_s
@@ -88,24 +123,49 @@ class ServerView:
 
     def health_status(self) -> int | None:
         """HTTP status for /health now; None means "no answer" (the request hangs)."""
-        phase = self.phase
-        if phase == PHASE_CRASHING:
-            return None
-        if phase != PHASE_UP:
-            return 503
         if self.plan.node_rank >= 1:
-            return 200  # worker nodes run a dummy health server: always 200 (docs/sglang.md §3)
+            return 200  # the dummy health server
+        if self.gracefully_exit:
+            log("", "Health check request received during shutdown. Returning 503.")
+            return 503
+        if self.status == STARTING:
+            return 503
+        self.on_first_generate()
+        tic = time.time()
         if self.health_failing():
-            return 503 if self.scenario.health_fail_mode == "503" else None
+            if self.scenario.health_fail_mode != "503":
+                return None
+            return self._health_failed(tic)
         timeout_s = self.scenario.health_check_timeout_s
-        return 200 if all(link.ping(timeout_s) for link in self.ranks) else 503
+        if all(link.ping(timeout_s) for link in self.ranks):
+            with self._lock:
+                self._last_receive = time.time()
+                self.status = UP
+            return 200
+        return self._health_failed(tic)
+
+    def _health_failed(self, tic: float) -> int:
+        with self._lock:
+            last = self._last_receive
+            self.status = UNHEALTHY
+        log(
+            "",
+            "Health check failed. Server couldn't get a response from detokenizer for last "
+            f"{self.scenario.health_check_timeout_s:g} seconds. tic start time: "
+            f"{time.strftime('%H:%M:%S', time.localtime(tic))}. last_heartbeat time: "
+            f"{time.strftime('%H:%M:%S', time.localtime(last))}",
+        )
+        return 503
+
+    def ready(self) -> bool:
+        return not self.gracefully_exit and self.status == UP
 
 
 def _metrics(view: ServerView) -> str:
     labels = f'model_name="{view.info["served_model_name"]}",tp_rank="0",pp_rank="0",dp_rank="0"'
     pool_tokens = view.info["hicache_host_total_tokens"]
     values = {
-        "num_running_reqs": 0,
+        "num_running_reqs": len(view.remaining_rids()),
         "num_queue_reqs": 0,
         "num_used_tokens": 0,
         "token_usage": 0.0,
@@ -165,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         view = self.view
         path = self.path.split("?", 1)[0]
-        if view.phase == PHASE_CRASHING:
+        if view.frozen:
             self._freeze()
             return
         if path in ("/health", "/health_generate"):
@@ -174,41 +234,44 @@ class Handler(BaseHTTPRequestHandler):
                 self._freeze()
                 return
             self._send(status)
-        elif path == "/ready":
-            self._send(200 if view.phase == PHASE_UP else 503)
-        elif path == "/metrics":
-            if not view.plan.enable_metrics:
-                self._send(404, {"detail": "Not Found"})
-            else:
-                self._send(200, _metrics(view), "text/plain; version=0.0.4")
-        elif path in ("/model_info", "/get_model_info"):
-            if self._authorized():
-                self._send(200, view.info["model_info"])
-        elif path in ("/server_info", "/get_server_info"):
-            if self._authorized():
-                self._send(200, view.info["server_info"])
-        elif path == "/v1/models":
-            if self._authorized():
-                self._send(200, view.info["models"])
-        else:
+        elif path == "/ping" and view.plan.node_rank >= 1:
+            self._send(200)
+        elif path == "/metrics" and view.plan.enable_metrics:
+            self._send(200, _metrics(view), "text/plain; version=0.0.4")
+        elif view.plan.node_rank >= 1 or path == "/metrics":
             self._send(404, {"detail": "Not Found"})
+        elif path == "/ready":
+            self._send(200 if view.ready() else 503)
+        else:
+            self._get_info(path)
+
+    def _get_info(self, path: str) -> None:
+        names = {
+            "/model_info": "model_info",
+            "/get_model_info": "model_info",
+            "/server_info": "server_info",
+            "/get_server_info": "server_info",
+            "/v1/models": "models",
+        }
+        if path not in names:
+            self._send(404, {"detail": "Not Found"})
+        elif self._authorized():
+            self._send(200, self.view.info[names[path]])
 
     def do_POST(self) -> None:
         view = self.view
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
-        if view.phase == PHASE_CRASHING:
+        if view.frozen:
             self._freeze()
             return
-        if self.path.split("?", 1)[0] != "/generate":
+        if self.path.split("?", 1)[0] != "/generate" or view.plan.node_rank >= 1:
             self._send(404, {"detail": "Not Found"})
         elif self._authorized():
-            if view.phase != PHASE_UP:
-                self._send(503, {"error": "server is not ready"})
-            else:
-                self._send(
-                    200, {"text": " simulated output", "meta_info": {"completion_tokens": 2}}
-                )
+            if not view.generate():
+                self._freeze()
+                return
+            self._send(200, {"text": " simulated output", "meta_info": {"completion_tokens": 2}})
 
 
 def start_http(host: str, port: int, view: ServerView) -> ThreadingHTTPServer:
@@ -216,5 +279,8 @@ def start_http(host: str, port: int, view: ServerView) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"view": view})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    # A short poll so that a shutdown (uvicorn's "Shutting down") stops listening promptly.
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="http", daemon=True
+    ).start()
     return server

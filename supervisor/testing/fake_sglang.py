@@ -1,46 +1,41 @@
 """The simulated SGLang server: `python -m supervisor.testing.fake_sglang <launch_server args>`.
 
-The main process plays SGLang's launcher (HTTP, SubprocessWatchdog, signals, crash path); ranks
-and the detokenizer run in supervisor/testing/ranks.py. Contract: supervisor/testing/__init__.py.
+The main process plays SGLang's launcher (launch_server.py, entrypoints/engine.py
+`_launch_subprocesses`, entrypoints/http_server.py): it starts the children
+(supervisor/testing/children.py, ranks.py), serves HTTP (endpoints.py), runs the
+SubprocessWatchdog (watchdog.py) and stops as SGLang stops (stopping.py, tokenizers.py).
+Contract: supervisor/testing/__init__.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import math
 import multiprocessing
 import os
-import queue
 import signal
 import sys
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
+from http.server import ThreadingHTTPServer
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import NoReturn
 
-import psutil
-
-from supervisor.testing import endpoints, gpu_state
+from supervisor.testing import endpoints, gpu_state, stopping, topology
 from supervisor.testing.args import PROG, SimArgs, SimArgsError, parse_sim_args
-from supervisor.testing.layout import GB, local_ranks, server_info, size_server
-from supervisor.testing.ranks import RankSpec, log, run_child
+from supervisor.testing.children import ChildSpec, run_child
+from supervisor.testing.endpoints import RankLink
+from supervisor.testing.layout import GB, server_info, size_server
+from supervisor.testing.ranks import RankSpec, log, log_uvicorn
 from supervisor.testing.scenario import Scenario, ScenarioError, parse_scenario
+from supervisor.testing.stopping import TICK_S, SignalBox
+from supervisor.testing.tokenizers import TokenizerWorkers
+from supervisor.testing.watchdog import SubprocessWatchdog
 
 USAGE = f"usage: {PROG} [-h] --model-path MODEL_PATH [--tp-size TP_SIZE] [--port PORT] ..."
 DEFAULT_BYTES_PER_GB = 1 << 20  # 1 MiB of real memory per simulated GB
-# How often the main process checks its children (SGLang's SubprocessWatchdog: 1 s, PR #18582).
-WATCHDOG_INTERVAL_S = 0.05
-# How long a graceful shutdown waits for the children before SIGKILL (SGLang: 15 s + 60 s).
-SHUTDOWN_WAIT_S = 5.0
-
-
-class StartupFailed(Exception):
-    def __init__(self, exit_code: int) -> None:
-        super().__init__(exit_code)
-        self.exit_code = exit_code
+STARTUP_FAILURE = 3  # uvicorn/config.py: a server that cannot bind exits with it
 
 
 def argparse_error(message: str) -> NoReturn:
@@ -50,13 +45,8 @@ def argparse_error(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def _exit_code(proc: BaseProcess) -> int | None:
-    """Reap `proc` if it exited (is_alive waits WNOHANG) and return its exit code."""
-    return None if proc.is_alive() else proc.exitcode
-
-
 class Launcher:
-    """SGLang's main process: start children, serve HTTP, watch children, handle signals."""
+    """SGLang's main process: start children, serve HTTP, watch children, stop."""
 
     def __init__(
         self, plan: SimArgs, scenario: Scenario, argv: Sequence[str], bytes_per_gb: int
@@ -69,171 +59,250 @@ class Launcher:
         gpus = gpu_state.read_gpus(self.state_dir) if self.state_dir else ()
         self.sizing = size_server(plan, scenario, gpus)
         self.info = server_info(plan, self.sizing, argv)
-        self.children: list[tuple[str, BaseProcess, Connection]] = []
-        # Signal handlers only record; the main loop acts (as gunicorn does).
-        self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self.exited: set[str] = set()
+        self.procs = topology.process_plan(plan)
+        self.box = SignalBox(ignore_term_int=scenario.ignore_sigterm)
+        # SGLang's scheduler_procs: the DP controller first, then the schedulers it launched.
+        self.schedulers: list[tuple[str, BaseProcess, RankLink]] = []
+        self.detokenizers: list[tuple[str, BaseProcess]] = []
+        self._keep: list[RankLink] = []  # pipes to the other children, open while we live
+        self.zombie: BaseProcess | None = None
+        self.watchdog: SubprocessWatchdog | None = None
+        self.view = endpoints.ServerView(plan, scenario, self.info, [])
+        self.view.on_first_generate = self._loop_created
 
     def _scaled(self, size_bytes: float) -> int:
         return math.ceil(size_bytes * self.bytes_per_gb / GB)
 
-    def _spec(self, kind: str, title: str, prefix: str, rank: int, gpu: int) -> RankSpec:
+    def _rank_specs(self) -> list[RankSpec]:
         s = self.sizing
-        return RankSpec(
-            kind=kind,
-            title=title,
-            log_prefix=prefix,
-            rank=rank,
-            gpu_index=gpu,
-            parent_pid=os.getpid(),
-            scenario=self.scenario,
-            state_dir=str(self.state_dir) if self.state_dir else None,
-            pool_real_bytes=self._scaled(s.pool_bytes),
-            pool_tokens=s.pool_tokens,
-            pool_gb=s.pool_bytes / GB,
-            attention_kind=s.attention_kind,
-            runtime_real_bytes=self._scaled(self.scenario.runtime_gb * GB),
-            gpu_used_bytes=s.gpu_used_bytes,
-            gpu_total_bytes=s.gpu_total_bytes,
-            device_tokens=s.device_tokens,
-            kv_gb=s.device_tokens * s.bytes_per_token / GB,
-        )
+        return [
+            RankSpec(
+                title=place.title,
+                log_prefix=place.log_prefix,
+                rank=i,
+                gpu_index=place.gpu,
+                parent_pid=os.getpid(),
+                scenario=self.scenario,
+                state_dir=str(self.state_dir) if self.state_dir else None,
+                pool_real_bytes=self._scaled(s.pool_bytes),
+                runtime_real_bytes=self._scaled(self.scenario.runtime_gb * GB),
+                gpu_total_bytes=s.gpu_total_bytes,
+                memory=s.memory,
+            )
+            for i, place in enumerate(self.procs.ranks)
+        ]
+
+    def _spawn(self, spec: RankSpec | ChildSpec) -> tuple[BaseProcess, RankLink]:
+        ctx = multiprocessing.get_context("spawn")
+        mine, theirs = ctx.Pipe()
+        proc = ctx.Process(target=run_child, args=(spec, theirs), daemon=False)
+        proc.start()
+        theirs.close()
+        return proc, RankLink(mine)
 
     def start_children(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        specs = [
-            self._spec("scheduler", title, prefix, i, gpu)
-            for i, (title, prefix, gpu) in enumerate(local_ranks(self.plan))
-        ]
-        specs.append(self._spec("detokenizer", "sglang::detokenizer", "", -1, -1))
-        for spec in specs:
-            parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(target=run_child, args=(spec, child_end), daemon=False)
-            proc.start()
-            child_end.close()
-            name = f"scheduler_{spec.rank}" if spec.kind == "scheduler" else "detokenizer"
-            self.children.append((name, proc, parent_end))
+        """_launch_scheduler_processes, then (head node only) the detokenizer(s)."""
+        ranks = self._rank_specs()
+        if self.procs.dp_controller:
+            spawns = self.procs.controller_spawns_ranks
+            proc, link = self._spawn(
+                ChildSpec(
+                    kind="dp_controller",
+                    parent_pid=os.getpid(),
+                    scenario=self.scenario,
+                    ranks=tuple(ranks) if spawns else (),
+                    groups=self.procs.dp_groups,
+                )
+            )
+            self.schedulers.append(("scheduler_0", proc, link))
+            ranks = [] if spawns else ranks
+        for spec in ranks:
+            proc, link = self._spawn(spec)
+            self.schedulers.append((f"scheduler_{len(self.schedulers)}", proc, link))
+            zombie = self.scenario.zombie
+            if zombie is not None and zombie.rank == spec.rank:
+                self.zombie = proc
+        many = self.procs.detokenizers > 1
+        for i in range(self.procs.detokenizers):
+            proc, link = self._spawn(self._child("detokenizer"))
+            self._keep.append(link)
+            self.detokenizers.append((f"detokenizer_{i}" if many else "detokenizer", proc))
+        if self.procs.detokenizer_router:
+            proc, link = self._spawn(self._child("detokenizer_router"))
+            self._keep.append(link)
+            self.detokenizers.append(("detokenizer_router", proc))
+
+    def _child(self, kind: str) -> ChildSpec:
+        return ChildSpec(kind=kind, parent_pid=os.getpid(), scenario=self.scenario)
 
     def wait_ready(self) -> None:
-        """Wait for every child's "ready" (loading), failing like SGLang when one dies."""
-        pending = {name for name, _, _ in self.children}
+        """_wait_for_scheduler_ready: a scheduler that dies first fails the launch."""
+        pending = list(range(len(self.schedulers)))
         while pending:
-            self._take_signals(loading=True)
-            for name, proc, conn in self.children:
-                if name in pending and conn.poll(WATCHDOG_INTERVAL_S / len(self.children)):
+            self._take_loading_signals()
+            for j, (_name, proc, link) in enumerate(self.schedulers):
+                if j in pending and link.conn.poll(TICK_S / len(self.schedulers)):
                     try:
-                        conn.recv()
-                        pending.discard(name)
+                        link.conn.recv()
+                        pending.remove(j)
                         continue
                     except EOFError:
                         pass
-                if name in pending and not proc.is_alive():
-                    code = proc.exitcode if proc.exitcode is not None else -1
-                    what = name.replace("scheduler_", "Rank ") + (
-                        " scheduler" if name.startswith("scheduler_") else ""
+                if j in pending and not proc.is_alive():
+                    proc.join(timeout=10)
+                    raise RuntimeError(
+                        f"Rank {j} scheduler died during initialization "
+                        f"(exit code: {proc.exitcode}). If exit code is -9 (SIGKILL), a common "
+                        "cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check."
                     )
-                    log("", f"{what} died during initialization (exit code: {code})")
-                    self.kill_tree(include_self=False)
-                    on_start = self.scenario.exit_code_on_start
-                    raise StartupFailed(on_start if on_start is not None else 1)
 
-    def _take_signals(self, *, loading: bool = False) -> None:
-        while not self.signals.empty():
-            sig = self.signals.get_nowait()
-            if sig == signal.SIGQUIT:
-                self.crash_path()
-            elif sig in (signal.SIGTERM, signal.SIGINT):
-                self.shutdown(drain=not loading)
+    def _take_loading_signals(self) -> None:
+        for signum, _ in self.box.take():
+            if signum == signal.SIGQUIT:
+                stopping.launch_phase_sigquit()
 
-    def kill_tree(self, *, include_self: bool) -> None:
-        """SGLang's kill_process_tree: SIGKILL every descendant (psutil walk), then maybe self."""
-        try:
-            descendants = psutil.Process().children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        for child in descendants:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        psutil.wait_procs(descendants, timeout=5.0)
-        if include_self:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def crash_path(self) -> None:
-        """SIGQUIT from a rank or the watchdog: freeze HTTP, wait, kill everything, self too."""
-        self.view.set_phase(endpoints.PHASE_CRASHING)
-        log("", "Received sigquit from a child process. It usually means the child failed.")
-        time.sleep(self.scenario.crash_dump_wait_s)  # stands for py-spy dump + coredump wait
-        self.kill_tree(include_self=True)
-
-    def shutdown(self, *, drain: bool) -> None:
-        """SIGTERM: /health 503, drain, ask the children to exit, then kill what is left."""
-        if hasattr(self, "view"):
-            self.view.set_phase(endpoints.PHASE_DRAINING)
-        log("", "Received SIGTERM. Gracefully exiting... Remaining number of requests 0")
-        if drain:
-            time.sleep(self.scenario.drain_s)  # stands for SGLang's drain polls and 15 s wait
-        for _, proc, conn in self.children:
-            if proc.is_alive():
-                with contextlib.suppress(OSError):
-                    conn.send("shutdown")
-        deadline = time.monotonic() + SHUTDOWN_WAIT_S
-        for _, proc, _ in self.children:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        self.kill_tree(include_self=False)
-        sys.exit(0)
-
-    def watch(self) -> None:
-        """SubprocessWatchdog: a child that exits non-zero starts the crash path."""
-        zombie = self.scenario.zombie
-        skip = f"scheduler_{zombie.rank}" if zombie is not None else None
-        while True:
-            self._take_signals()
-            time.sleep(WATCHDOG_INTERVAL_S)
-            for name, proc, _ in self.children:
-                if name == skip or name in self.exited:
-                    continue
-                code = _exit_code(proc)
-                if code is None:
-                    continue
-                self.exited.add(name)
-                if code != 0:
-                    log("", f"Subprocess {name} (pid={proc.pid}) crashed with exit code {code}")
-                    self.signals.put(signal.SIGQUIT)
+    def _watch(self, names: Sequence[str] | None = None) -> SubprocessWatchdog:
+        watched = [(n, p) for n, p, _ in self.schedulers] + self.detokenizers
+        if names is not None:
+            watched = list(zip(names, (p for _, p in watched), strict=False))
+        watchdog = SubprocessWatchdog(watched, never_reaped=self.zombie)
+        watchdog.start()
+        return watchdog
 
     def run(self) -> None:
-        plan = self.plan
         if self.state_dir is not None and self.scenario.hang_nvml_s is not None:
             gpu_state.set_nvml_hang(self.state_dir, self.scenario.hang_nvml_s)
         self.start_children()
-        ranks = [
-            endpoints.RankLink(conn) for name, _, conn in self.children if name != "detokenizer"
-        ]
-        self.view = endpoints.ServerView(plan, self.scenario, self.info, ranks)
+        links = [link for _, _, link in self.schedulers]
+        self.view.ranks = links
         self.wait_ready()
+        if self.plan.node_rank >= 1:
+            self.serve_worker_node()
+            return
+        self.watchdog = self._watch()
+        if self.procs.tokenizer_workers:
+            warmup = None if self.plan.skip_server_warmup else self.scenario.warmup_s
+            TokenizerWorkers(
+                count=self.procs.tokenizer_workers,
+                scenario=self.scenario,
+                view=self.view,
+                box=self.box,
+                shutdown_to=links,
+            ).serve(self._bind, warmup)
+        self.box.record(signal.SIGTERM, signal.SIGINT)  # uvicorn Server.capture_signals
+        log_uvicorn("INFO", f"Started server process [{os.getpid()}]")
+        log_uvicorn("INFO", "Waiting for application startup.")
+        log_uvicorn("INFO", "Application startup complete.")
+        self.serve(self._bind())
+
+    def _loop_created(self) -> None:
+        self.box.loop_created = True
+
+    def _bind(self) -> ThreadingHTTPServer:
+        """Listen, or fail as uvicorn does: the error, then exit 3 (STARTUP_FAILURE)."""
         try:
-            endpoints.start_http(plan.host, plan.port, self.view)
+            http = endpoints.start_http(self.plan.host, self.plan.port, self.view)
         except OSError as exc:
+            if self.procs.tokenizer_workers:
+                log_uvicorn("ERROR", str(exc))  # Config.bind_socket's socket.bind
+                sys.exit(STARTUP_FAILURE)
+            log_uvicorn("ERROR", self._bind_error(exc))
+            log_uvicorn("INFO", "Waiting for application shutdown.")
+            log_uvicorn("INFO", "Application shutdown complete.")
+            sys.exit(STARTUP_FAILURE)
+        log_uvicorn(
+            "INFO",
+            f"Uvicorn running on http://{self.plan.host}:{self.plan.port} (Press CTRL+C to quit)",
+        )
+        return http
+
+    def _bind_error(self, exc: OSError) -> str:
+        """The event loop's create_server error, as uvicorn's Server.startup logs it."""
+        reason = exc.strerror.lower() if exc.strerror else str(exc)
+        return (
+            f"[Errno {exc.errno}] error while attempting to bind on address "
+            f"('{self.plan.host}', {self.plan.port}): {reason}"
+        )
+
+    def serve(self, http: ThreadingHTTPServer) -> None:
+        """uvicorn's main loop with the warmup thread and the tokenizer manager's handlers."""
+        warm_at = time.monotonic() + self.scenario.warmup_s
+        if self.plan.skip_server_warmup:
+            self._fired_up()
+        drain: stopping.Drain | None = None
+        while True:
+            for signum, loop_created in self.box.take():
+                drain = self._on_signal(http, signum, loop_created, drain)
+            if self.view.status == endpoints.STARTING and time.monotonic() >= warm_at:
+                self._loop_created()  # the warmup's POST /generate
+                self._fired_up()
+            if drain is not None and drain.step():
+                links = [link for _, _, link in self.schedulers]
+                stopping.finish_drain(self.view, self.watchdog, links, self.scenario, http)
+            time.sleep(TICK_S)
+
+    def _fired_up(self) -> None:
+        self.view.set_up()
+        log("", "The server is fired up and ready to roll!")
+
+    def _on_signal(
+        self,
+        http: ThreadingHTTPServer,
+        signum: int,
+        loop_created: bool,
+        drain: stopping.Drain | None,
+    ) -> stopping.Drain | None:
+        if signum == signal.SIGQUIT and loop_created:
+            stopping.running_phase_sigquit(self.view, self.watchdog, self.scenario)
+        elif signum == signal.SIGQUIT:
+            stopping.launch_phase_sigquit()
+        if signum == signal.SIGTERM and loop_created:
             log(
                 "",
-                f"[Errno {exc.errno}] error while attempting to bind on address "
-                f"('{plan.host}', {plan.port}): {exc.strerror.lower() if exc.strerror else exc}",
+                "SIGTERM received. signum=None frame=None. Draining requests and shutting down...",
             )
-            self.kill_tree(include_self=False)
-            sys.exit(1)
-        log("", f"Uvicorn running on http://{plan.host}:{plan.port} (Press CTRL+C to quit)")
-        if not plan.skip_server_warmup:
-            log("", "Start of prefill warmup ...")
-            deadline = time.monotonic() + self.scenario.warmup_s
-            while time.monotonic() < deadline:
-                self._take_signals()
-                time.sleep(min(WATCHDOG_INTERVAL_S, max(0.0, deadline - time.monotonic())))
-        self.view.set_phase(endpoints.PHASE_UP)
-        log("", "The server is fired up and ready to roll!")
-        self.watch()
+            self.view.gracefully_exit = True
+            return drain or stopping.Drain(self.view, self.scenario)
+        warming = self.view.status == endpoints.STARTING and not self.plan.skip_server_warmup
+        where = f"{self.plan.host}:{self.plan.port}" if warming else None
+        stopping.uvicorn_shutdown(http, self.view, wait=True, warming=where)
+        stopping.raise_again(signum)
+        return drain
+
+    def serve_worker_node(self) -> None:
+        """node_rank >= 1: the dummy health server, then block until the schedulers exit."""
+        self.box.record(signal.SIGTERM)  # engine.py: log only, rank 0's ShutdownReq stops us
+        host_port = f"{self.plan.host}:{self.plan.port}"
+        try:
+            endpoints.start_http(self.plan.host, self.plan.port, self.view)
+            log("", f"Dummy health check server started in background thread at {host_port}")
+        except OSError as exc:  # uvicorn's thread ends; the node keeps running without HTTP
+            log_uvicorn("ERROR", self._bind_error(exc))
+            log("", f"Dummy health check server stopped at {host_port}")
+        self.view.set_up()
+        if self.procs.dp_controller and not self.procs.controller_spawns_ranks:
+            self.watchdog = self._watch([f"process_{i}" for i in range(len(self.schedulers))])
+        pending = [proc for _, proc, _ in self.schedulers]
+        while pending:
+            for signum, _ in self.box.take():
+                if signum == signal.SIGQUIT:
+                    stopping.launch_phase_sigquit()
+                log(
+                    "",
+                    f"SIGTERM received on node_rank {self.plan.node_rank}; waiting for the rank-0 "
+                    "ShutdownReq broadcast to stop the schedulers.",
+                )
+            if pending[0] is not self.zombie and not pending[0].is_alive():
+                proc = pending.pop(0)
+                log(
+                    "",
+                    f"Scheduler or DataParallelController {proc.pid} "
+                    f"terminated with {proc.exitcode}",
+                )
+            time.sleep(TICK_S)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _read_environment(argv: list[str]) -> tuple[Scenario, SimArgs, int]:
     try:
         scenario = parse_scenario(os.environ.get("FAKE_SGLANG_SCENARIO"))
     except ScenarioError as exc:
@@ -258,24 +327,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         plan = parse_sim_args(argv)
     except SimArgsError as exc:
         argparse_error(str(exc))
-    launcher = Launcher(plan, scenario, argv, int(raw_scale))
-    # SGLang's worker nodes (node_rank >= 1) ignore SIGTERM (docs/sglang.md §3.1).
-    if scenario.ignore_sigterm or plan.node_rank >= 1:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    else:
-        signal.signal(signal.SIGTERM, lambda sig, _f: launcher.signals.put(sig))
-        signal.signal(signal.SIGINT, lambda sig, _f: launcher.signals.put(sig))
-    signal.signal(signal.SIGQUIT, lambda sig, _f: launcher.signals.put(sig))
-    log(
-        "",
-        f"server_args=ServerArgs(model_path='{plan.model_path}', tp_size={plan.tp_size}, "
-        f"dp_size={plan.dp_size}, pp_size={plan.pp_size}, host='{plan.host}', port={plan.port})",
-    )
+    return scenario, plan, int(raw_scale)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    scenario, plan, bytes_per_gb = _read_environment(args)
+    launcher = Launcher(plan, scenario, args, bytes_per_gb)
+    launcher.box.record(signal.SIGQUIT)  # engine.py launch_phase_sigquit_handler
+    # SGLang 0.5.23 prints the api key here in clear (ServerArgs.resolved_dict): so does this, so
+    # that the supervisor's masking of the server's output is tested for real.
+    shown = {
+        "model_path": plan.model_path,
+        "tp_size": plan.tp_size,
+        "dp_size": plan.dp_size,
+        "pp_size": plan.pp_size,
+        "host": plan.host,
+        "port": plan.port,
+        "node_rank": plan.node_rank,
+        "api_key": plan.api_key,
+    }
+    log("", f"server_args={shown!r}")
     try:
         launcher.run()
-    except StartupFailed as exc:
-        sys.exit(exc.exit_code)
+    finally:
+        stopping.kill_process_tree(include_parent=False)  # launch_server.py
 
 
 if __name__ == "__main__":

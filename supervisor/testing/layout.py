@@ -1,8 +1,6 @@
-"""How the simulated server lays itself out: scheduler titles and GPUs per rank, pool sizes, info.
-
-Written from SGLang's launcher (entrypoints/engine.py `_calculate_rank_ranges`,
-`compute_local_gpu_id`, managers/data_parallel_controller.py) and sized with
-supervisor/testing/sizing.py, never with the supervisor's own arithmetic.
+"""How the simulated server sizes itself (pools per rank, what each rank loads) and what its
+info endpoints say. Sized with supervisor/testing/sizing.py, never with the supervisor's own
+arithmetic; the process tree and titles are in supervisor/testing/topology.py.
 """
 
 from __future__ import annotations
@@ -11,61 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.testing import gpu_state, sizing
+from supervisor.testing import gpu_state, memlog, sizing
 from supervisor.testing.args import SimArgs
 from supervisor.testing.scenario import Scenario
 
 GB = 10**9
-
-
-def scheduler_title(args: SimArgs, dp_rank: int, pp_rank: int, tp_rank: int) -> str:
-    """SGLang's scheduler title: sglang::scheduler + _DP/_PP/_TP/_EP parts."""
-    title = "sglang::scheduler"
-    if args.dp_size > 1:
-        title += f"_DP{dp_rank}"
-    if args.pp_size > 1:
-        title += f"_PP{pp_rank}"
-    if args.tp_size > 1:
-        title += f"_TP{tp_rank}"
-    if args.ep_size > 1:
-        title += f"_EP{tp_rank // max(1, args.tp_size // args.ep_size)}"
-    return title
-
-
-def _replicas(args: SimArgs) -> int:
-    """Plain data parallelism runs dp_size whole TP worlds; DP attention shares one."""
-    if args.enable_dp_attention or args.attn_dp_size > 1:
-        return 1
-    return args.dp_size
-
-
-def local_ranks(args: SimArgs) -> list[tuple[str, str, int]]:
-    """(title, log prefix, gpu index) for each scheduler on this node, in SGLang's order."""
-    pp_per_node = max(args.pp_size // args.nnodes, 1)
-    nnodes_per_pp_rank = max(args.nnodes // args.pp_size, 1)
-    tp_per_node = args.tp_size // nnodes_per_pp_rank
-    pp_first = pp_per_node * (args.node_rank // nnodes_per_pp_rank)
-    tp_first = tp_per_node * (args.node_rank % nnodes_per_pp_rank)
-    attn_dp = args.attn_dp_size if args.attn_dp_size > 1 else args.dp_size
-    out: list[tuple[str, str, int]] = []
-    for replica in range(_replicas(args)):
-        replica_base = replica * args.tp_size * args.pp_size * args.gpu_id_step
-        for pp_rank in range(pp_first, pp_first + pp_per_node):
-            for tp_rank in range(tp_first, tp_first + tp_per_node):
-                if _replicas(args) > 1:
-                    dp_rank = replica
-                else:  # DP attention: the dp rank is a slice of the TP group
-                    dp_rank = tp_rank // max(1, args.tp_size // attn_dp)
-                gpu = (
-                    args.base_gpu_id
-                    + replica_base
-                    + (pp_rank % pp_per_node) * tp_per_node
-                    + (tp_rank % tp_per_node) * args.gpu_id_step
-                )
-                title = scheduler_title(args, dp_rank, pp_rank, tp_rank)
-                prefix = title.removeprefix("sglang::scheduler_").replace("_", " ")
-                out.append((title, "" if prefix == "sglang::scheduler" else prefix, gpu))
-    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,10 +21,10 @@ class Sizing:
     bytes_per_token: int
     device_tokens: int
     pool_tokens: int
-    pool_bytes: int
+    pool_bytes: int  # the host pools' real size, DSA indexer included
     gpu_total_bytes: int
-    gpu_used_bytes: int
     attention_kind: str
+    memory: memlog.MemoryPlan
 
 
 def size_server(args: SimArgs, scenario: Scenario, gpus: Sequence[Any]) -> Sizing:
@@ -85,7 +33,8 @@ def size_server(args: SimArgs, scenario: Scenario, gpus: Sequence[Any]) -> Sizin
     try:
         geo = sizing.geometry(config, args)
     except (KeyError, TypeError, ValueError):
-        geo = sizing.geometry(sizing.DEFAULT_MODEL_CONFIG, args)
+        config = dict(sizing.DEFAULT_MODEL_CONFIG)
+        geo = sizing.geometry(config, args)
     total = scenario.gpu_total_bytes or (
         min(g.total_bytes for g in gpus) if gpus else gpu_state.DEFAULT_TOTAL_BYTES
     )
@@ -111,8 +60,22 @@ def size_server(args: SimArgs, scenario: Scenario, gpus: Sequence[Any]) -> Sizin
         pool_tokens=pool_tokens,
         pool_bytes=pool_tokens * (geo.size_per_token + geo.indexer_per_token),
         gpu_total_bytes=total,
-        gpu_used_bytes=int(total * fraction),
         attention_kind=geo.kind,
+        memory=memlog.MemoryPlan(
+            architecture=memlog.architecture(config),
+            quant=memlog.quant_log(config),
+            kv_dtype=memlog.kv_dtype(config, args.kv_cache_dtype),
+            kind=geo.kind,
+            page_size=args.page_size or 1,
+            device_tokens=tokens,
+            k_per_token=geo.size_per_token - geo.v_per_token,
+            v_per_token=geo.v_per_token,
+            indexer_per_token=geo.indexer_per_token,
+            weights_bytes=scenario.weight_bytes_per_rank,
+            cuda_context_bytes=scenario.cuda_context_bytes,
+            host_tokens=pool_tokens,
+            host_layout=memlog.host_layout(args.hicache_mem_layout, args.hicache_io_backend),
+        ),
     )
 
 
@@ -132,7 +95,7 @@ def mask_argv(argv: Sequence[str]) -> str:
 def server_info(args: SimArgs, sizing_: Sizing, argv: Sequence[str]) -> dict[str, Any]:
     model_path = args.model_path
     served = args.served_model_name or model_path
-    kv_gb = sizing_.device_tokens * sizing_.bytes_per_token / GB
+    kv_gb = sum(sizing_.memory.kv_sizes()) / memlog.GIB
     info = {
         "model_path": model_path,
         "served_model_name": served,
@@ -166,7 +129,7 @@ def server_info(args: SimArgs, sizing_: Sizing, argv: Sequence[str]) -> dict[str
             "tokenizer_path": model_path,
             "is_generation": True,
             "served_model_name": served,
-            "architectures": ["FakeForCausalLM"],
+            "architectures": [sizing_.memory.architecture],
         },
         "models": {
             "object": "list",

@@ -1,8 +1,12 @@
-"""The simulated server's child processes: schedulers (one per local rank) and the detokenizer.
+"""The simulated schedulers (one per local rank), and what every simulated child shares.
 
-Started by fake_sglang as `multiprocessing` spawn children, like SGLang's. Each asks for SIGKILL
-when its parent dies, titles itself like SGLang, "loads", allocates its pools as touched memory,
-registers its GPU memory, then answers health pings and plays its part of the scenario.
+Started as `multiprocessing` spawn children, like SGLang's, by the main process or by the DP
+controller (supervisor/testing/children.py). A scheduler asks for SIGKILL when its parent dies,
+titles itself, "loads" (logging and registering its GPU memory stage by stage, as
+model_executor/model_runner.py and the KV pool do), allocates its host pool as touched memory,
+then answers health pings and plays its part of the scenario. It installs no signal handler
+(managers/scheduler.py `run_scheduler_process` installs none): SIGTERM kills it (-15), SIGINT
+raises KeyboardInterrupt, which multiprocessing turns into exit code 1.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from supervisor.testing import gpu_state
+from supervisor.testing import gpu_state, memlog
 from supervisor.testing.scenario import Scenario
 
 PAGE_BYTES = mmap.PAGESIZE
@@ -30,32 +34,39 @@ _TICK_S = 0.02
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankSpec:
-    """Everything a child needs, picklable (spawn children share no memory with the parent)."""
+    """Everything a scheduler needs, picklable (spawn children share no memory with the parent)."""
 
-    kind: str  # "scheduler" | "detokenizer"
     title: str
     log_prefix: str
-    rank: int  # local rank index (0..local_ranks-1); -1 for the detokenizer
+    rank: int  # index among this node's schedulers, as scenario keys count them
     gpu_index: int
     parent_pid: int
     scenario: Scenario
     state_dir: str | None
     pool_real_bytes: int
-    pool_tokens: int
-    pool_gb: float
-    attention_kind: str
     runtime_real_bytes: int
-    gpu_used_bytes: int
     gpu_total_bytes: int
-    device_tokens: int
-    kv_gb: float
+    memory: memlog.MemoryPlan
 
 
 def log(prefix: str, message: str) -> None:
-    """One SGLang-style log line on stderr, flushed (the supervisor reads it through a pipe)."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    head = f"[{stamp} {prefix}]" if prefix else f"[{stamp}]"
-    sys.stderr.write(f"{head} {message}\n")
+    """One SGLang-style log line on stderr, flushed (the supervisor reads it through a pipe).
+
+    `prefix` is SGLang's logger prefix as configure_logger gets it (" TP0", " DP1 TP1", "" for
+    the main process), giving "[%(asctime)s{prefix}] %(message)s" (utils/common.py).
+    """
+    _write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{prefix}] {message}")
+
+
+def log_uvicorn(level: str, message: str) -> None:
+    """A line through uvicorn's logger as SGLang formats it: "[%(asctime)s] %(levelprefix)s
+    %(message)s" (utils/common.py `set_uvicorn_logging_configs`; uvicorn pads "INFO:" to 9)."""
+    levelprefix = f"{level}:".ljust(9)
+    _write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {levelprefix} {message}")
+
+
+def _write(line: str) -> None:
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
@@ -89,20 +100,14 @@ def touch_memory(size: int, *, shared: bool) -> mmap.mmap:
     return region
 
 
-def _wait_or_shutdown(conn: Connection, seconds: float) -> None:
-    """Sleep `seconds` while still obeying a shutdown sent meanwhile (graceful exit)."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        if conn.poll(min(left, _TICK_S)):
-            _handle(conn)
-
-
-def _handle(conn: Connection) -> None:
+def handle_message(conn: Connection, *, obeys_shutdown: bool) -> None:
+    """One message from the parent: answer a ping; a ShutdownReq ends the process with 0."""
     try:
         message = conn.recv()
     except (EOFError, OSError):
         os._exit(0)  # the parent is gone: nothing left to serve
-    if message == "shutdown":
+    if message == "shutdown" and obeys_shutdown:
+        # scheduler.py handle_shutdown: the event loop ends, run_scheduler_process returns.
         os._exit(0)
     if isinstance(message, tuple) and message[0] == "ping":
         try:
@@ -111,55 +116,62 @@ def _handle(conn: Connection) -> None:
             os._exit(0)
 
 
-def run_child(spec: RankSpec, conn: Connection) -> None:
-    """Entry point of every simulated child process."""
+def _wait(conn: Connection, seconds: float) -> None:
+    """Sleep `seconds` while still answering the parent (a ShutdownReq meanwhile ends us)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if conn.poll(min(left, _TICK_S)):
+            handle_message(conn, obeys_shutdown=True)
+
+
+class _Gpu:
+    """This rank's share of its simulated GPU, registered stage by stage as SGLang fills it."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.spec = spec
+        self.state_dir = Path(spec.state_dir) if spec.state_dir else None
+        self.held = 0
+
+    def hold(self, extra: int) -> None:
+        self.held += extra
+        if self.state_dir is not None:
+            gpu_state.register_holder(
+                self.state_dir,
+                self.spec.gpu_index,
+                self.held,
+                release_delay_s=self.spec.scenario.gpu_release_delay_s,
+                stuck=self.spec.scenario.gpu_stuck,
+            )
+
+    def free(self) -> int:
+        return memlog.gpu_free_bytes(
+            self.state_dir, self.spec.gpu_index, self.spec.gpu_total_bytes, self.held
+        )
+
+
+def run_scheduler(spec: RankSpec, conn: Connection) -> None:
+    """Entry point of a simulated scheduler: load, report ready, serve."""
     die_with_parent(spec.parent_pid)
     set_title(spec.title)
-    # SGLang's children leave SIGTERM/SIGINT to the main process, which drains and takes them down.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if spec.kind == "detokenizer":
-        conn.send(("ready", os.getpid()))
-        while True:
-            if conn.poll(1.0):
-                _handle(conn)
-    _run_scheduler(spec, conn)
-
-
-def _run_scheduler(spec: RankSpec, conn: Connection) -> None:
-    scenario = spec.scenario
-    p = spec.log_prefix
-    log(p, f"Load weight begin. avail mem={spec.gpu_total_bytes / 2**30:.2f} GB")
+    scenario, plan, p = spec.scenario, spec.memory, spec.log_prefix
+    gpu = _Gpu(spec)
+    if plan.cuda_context_bytes:
+        gpu.hold(plan.cuda_context_bytes)  # torch's CUDA context, before the first measurement
+    log(p, memlog.load_begin(gpu.free()))
+    began = time.monotonic()
     if scenario.exit_code_on_start is not None and spec.rank == 0:
-        _wait_or_shutdown(conn, scenario.startup_s / 2)
-        log(p, "Scheduler hit an exception: RuntimeError: simulated failure during load")
-        sys.exit(scenario.exit_code_on_start)
-    _wait_or_shutdown(conn, scenario.startup_s)
-    state_dir = Path(spec.state_dir) if spec.state_dir else None
-    if state_dir is not None:
-        gpu_state.register_holder(
-            state_dir,
-            spec.gpu_index,
-            spec.gpu_used_bytes,
-            release_delay_s=scenario.gpu_release_delay_s,
-            stuck=scenario.gpu_stuck,
-        )
-    log(p, "Load weight end. type=FakeForCausalLM, dtype=torch.bfloat16")
+        _wait(conn, scenario.startup_s / 2)
+        os._exit(scenario.exit_code_on_start)  # dies outside Python's handlers (no SIGQUIT)
+    _wait(conn, scenario.startup_s)
+    gpu.hold(plan.weights_bytes)
+    log(p, memlog.load_end(plan, time.monotonic() - began, gpu.free()))
     runtime = touch_memory(spec.runtime_real_bytes, shared=False)
-    half = spec.kv_gb / 2
-    log(
-        p,
-        f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {spec.device_tokens}, "
-        f"K size: {half:.2f} GB, V size: {half:.2f} GB",
-    )
-    pool = None
-    if spec.pool_real_bytes > 0:
-        log(
-            p,
-            f"Allocating {spec.attention_kind.upper()} hierarchical KV host pool: "
-            f"{spec.pool_tokens} tokens, {spec.pool_gb:.2f} GB host memory.",
-        )
-        pool = touch_memory(spec.pool_real_bytes, shared=True)
+    gpu.hold(sum(plan.kv_sizes()))
+    log(p, memlog.kv_allocated(plan))
+    log(p, memlog.pool_end(gpu.free()))
+    for line in memlog.host_pool_lines(plan):
+        log(p, line)
+    pool = touch_memory(spec.pool_real_bytes, shared=True) if spec.pool_real_bytes > 0 else None
     conn.send(("ready", os.getpid()))
     _serve(spec, conn, keep=(runtime, pool))
 
@@ -178,7 +190,7 @@ def _serve(spec: RankSpec, conn: Connection, keep: tuple[object, ...]) -> None:
     hang_due = scenario.hang is not None and scenario.hang.rank == spec.rank
     while True:
         if conn.poll(_TICK_S):
-            _handle(conn)
+            handle_message(conn, obeys_shutdown=True)
         age_s = time.monotonic() - up_at
         crash = scenario.crash
         if crash is not None and crash.rank == spec.rank and age_s >= crash.after_s:
@@ -207,8 +219,8 @@ def _crash(spec: RankSpec, sig: int | None, exit_code: int | None) -> None:
         os.kill(os.getpid(), sig)
         time.sleep(1.0)  # a caught or ignored signal: fall through to a plain exit
         os._exit(128 + sig)
+    # scheduler.py run_scheduler_process: the exception is logged and the parent gets SIGQUIT.
     log(spec.log_prefix, "Scheduler hit an exception: RuntimeError: simulated crash")
-    # SGLang's scheduler tells its parent with SIGQUIT (docs/sglang.md §3.1).
     with contextlib.suppress(ProcessLookupError):
         os.kill(spec.parent_pid, signal.SIGQUIT)
     os._exit(exit_code if exit_code is not None else 1)

@@ -55,7 +55,9 @@ class Orphan:
 class Scenario:
     startup_s: float = 0.2
     warmup_s: float = 0.1
-    drain_s: float = 0.1
+    drain_poll_s: float = 0.05
+    request_s: float = 0.0
+    scheduler_exit_timeout_s: float = 15.0
     crash_dump_wait_s: float = 0.2
     health_check_timeout_s: float = 2.0
     runtime_gb: float = 4.0

@@ -73,8 +73,9 @@ class Geometry:
 
     size_per_token: int
     indexer_per_token: int
-    kind: str  # "MHA" | "MLA" | "DSA", as SGLang's log lines name the pools
+    kind: str  # "MHA" | "MLA" | "DSA": which pool classes SGLang builds
     mla: bool
+    v_per_token: int = 0  # MHA: the V half of size_per_token (its log line sizes K and V apart)
 
 
 def _kv_itemsize(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
@@ -112,7 +113,13 @@ def geometry(config: Mapping[str, Any], args: SimArgs) -> Geometry:
     attn_tp = args.tp_size // max(1, _attn_dp(args))
     head_num = max(1, total_kv // attn_tp)
     size = (head_dim + v_head_dim) * head_num * layers * itemsize
-    return Geometry(size_per_token=size, indexer_per_token=0, kind="MHA", mla=False)
+    return Geometry(
+        size_per_token=size,
+        indexer_per_token=0,
+        kind="MHA",
+        mla=False,
+        v_per_token=v_head_dim * head_num * layers * itemsize,
+    )
 
 
 def _attn_dp(args: SimArgs) -> int:

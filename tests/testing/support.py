@@ -73,6 +73,19 @@ def http_status(
         conn.close()
 
 
+def post_generate(port: int, *, timeout_s: float = 30.0, host: str = "127.0.0.1") -> int:
+    """POST /generate as a client would; the status code of the answer."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        body = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": 8}})
+        conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
 def http_json(port: int, path: str, *, host: str = "127.0.0.1") -> Any:
     conn = http.client.HTTPConnection(host, port, timeout=5.0)
     try:
@@ -96,8 +109,22 @@ class FakeServer:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def log_lines(self, containing: str) -> list[str]:
+        return [line for line in self.log_text().splitlines() if containing in line]
+
     def status(self, path: str = "/health", *, timeout_s: float = 5.0) -> int | None:
         return http_status(self.port, path, timeout_s=timeout_s)
+
+    def running_requests(self) -> float:
+        """sglang:num_running_reqs from /metrics (the server runs with --enable-metrics)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5.0)
+        try:
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        line = next(m for m in text.splitlines() if m.startswith("sglang:num_running_reqs"))
+        return float(line.rsplit(" ", 1)[1])
 
     def tree(self) -> list[psutil.Process]:
         """The main process's live descendants (ranks, detokenizer, resource tracker)."""

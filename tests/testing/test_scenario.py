@@ -49,12 +49,22 @@ def test_nested_keys_and_signal_names_are_read():
         ('{"orphan": {"kind": "fork"}}', "setsid|double_fork"),
         ('{"bad_flags": "--foo"}', "a list of flags"),
         ('{"health_fail_mode": "500"}', "health_fail_mode"),
+        # drain_s went away: the drain now lasts as long as requests are in flight.
+        ('{"drain_s": 1}', "unknown key 'drain_s'"),
+        ('{"request_s": -0.5}', "'request_s': must not be negative"),
     ],
 )
 def test_bad_scenarios_are_refused_naming_the_problem(text, named):
     with pytest.raises(ScenarioError) as info:
         parse_scenario(text)
     assert named in str(info.value)
+
+
+def test_stop_keys_default_to_quick_polls_and_sglangs_scheduler_wait():
+    scenario = parse_scenario('{"request_s": 2, "drain_poll_s": 0.5}')
+    assert (scenario.request_s, scenario.drain_poll_s) == (2.0, 0.5)
+    assert Scenario().scheduler_exit_timeout_s == 15.0  # tokenizer_manager.py
+    assert Scenario().request_s == 0.0
 
 
 def test_a_bad_scale_factor_exits_2():

@@ -75,7 +75,11 @@ def test_hang_stops_the_rank_and_health_turns_503(start_fake_server):
     rank = server.titled()["sglang::scheduler"]
     wait_until(lambda: rank.status() == psutil.STATUS_STOPPED, what="rank in state T")
     wait_until(lambda: server.status() == 503, what="/health 503 with a stopped rank")
-    assert server.status("/ready") == 200  # /ready does not probe the ranks, as in SGLang
+    # /ready does not probe the ranks, but the failed health check marked the server UnHealthy.
+    assert server.status("/ready") == 503
+    assert "Health check failed. Server couldn't get a response from detokenizer" in (
+        server.log_text()
+    )
 
 
 def test_health_fail_after_answers_503(start_fake_server):
@@ -104,10 +108,19 @@ def test_health_fail_no_answer_leaves_the_request_hanging(start_fake_server):
 def test_ignore_sigterm_keeps_serving_until_sigkill(start_fake_server):
     server = start_fake_server(scenario={"ignore_sigterm": True})
     _up(server)
-    os.killpg(server.proc.pid, signal.SIGTERM)
-    # Wait for something observable after the signal: a fresh health answer still 200.
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.send_signal(signal.SIGINT)
+    # Wait for something observable after the signals: a fresh health answer still 200.
     assert server.status() == 200
     assert server.proc.poll() is None
+    assert "SIGTERM received" not in server.log_text()
+    # Its children keep SGLang's dispositions: a SIGTERM kills a rank (the watchdog reports it).
+    rank = server.titled()["sglang::scheduler"]
+    rank.send_signal(signal.SIGTERM)
+    wait_until(
+        lambda: f"(pid={rank.pid}) crashed with exit code -15." in server.log_text(),
+        what="the rank killed by SIGTERM",
+    )
     os.killpg(server.proc.pid, signal.SIGKILL)
     assert server.proc.wait(timeout=10) == -signal.SIGKILL
 
@@ -123,9 +136,12 @@ def test_ranks_die_with_the_main_process(start_fake_server):
 
 
 def test_exit_code_on_start_dies_while_loading(start_fake_server):
+    """engine.py _wait_for_scheduler_ready raises; launch_server.py kills the rest: exit 1."""
     server = start_fake_server(scenario={"exit_code_on_start": 7, "startup_s": 0.2})
-    assert server.proc.wait(timeout=20) == 7
-    assert "Rank 0 scheduler died during initialization (exit code: 7)" in server.log_text()
+    assert server.proc.wait(timeout=20) == 1
+    log = server.log_text()
+    assert "RuntimeError: Rank 0 scheduler died during initialization (exit code: 7)" in log
+    assert "kill_process_tree called:" in log
 
 
 def test_a_taken_port_exits_1_with_uvicorns_message(start_fake_server, free_port):
@@ -133,8 +149,11 @@ def test_a_taken_port_exits_1_with_uvicorns_message(start_fake_server, free_port
         sock.bind(("127.0.0.1", free_port))
         sock.listen()
         server = start_fake_server(port=free_port)
-        assert server.proc.wait(timeout=20) == 1
-    assert "address already in use" in server.log_text()
+        assert server.proc.wait(timeout=20) == 3  # uvicorn's STARTUP_FAILURE
+    assert (
+        f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', "
+        f"{free_port}): address already in use" in server.log_text()
+    )
 
 
 @pytest.mark.parametrize("kind", ["setsid", "double_fork"])
