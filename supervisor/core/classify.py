@@ -132,6 +132,10 @@ def classify(
         return _plain(FailureKind.GPU_OOM_AT_LOAD)
     if _looks_oom_killed(marks, exited_by_itself, signal_number, context):
         return _plain(FailureKind.KERNEL_OOM_KILLED)
+    if LogMark.WARMUP_FAILED in kinds:
+        hint = "SGLang's warm-up request failed and it killed its own tree (log lines above)"
+        status = describe_exit(exit_code, signal_number)
+        return Classification(FailureKind.EXITED_UNEXPECTEDLY, f"{hint} ({status})")
     if context.observed is not None:
         return _plain(context.observed)
     if kinds & CRASH_MARKS or LogMark.GPU_OOM in kinds:

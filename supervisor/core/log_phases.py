@@ -30,6 +30,7 @@ class LogMark(str, Enum):
     SUBPROCESS_CRASHED = "subprocess_crashed"
     RANK_DIED_AT_INIT = "rank_died_at_init"
     SIGQUIT = "sigquit"
+    WARMUP_FAILED = "warmup_failed"  # SGLang's warm-up request failed; it killed its own tree
 
 
 CRASH_MARKS = frozenset(
@@ -83,6 +84,7 @@ PHRASES: tuple[Phrase, ...] = (
     # The running phase's handler (tokenizer_manager.py) and the launch phase's (engine.py).
     Phrase("sigquit received", LogMark.SIGQUIT),
     Phrase("received sigquit from a child process", LogMark.SIGQUIT),
+    Phrase("initialization failed. warmup error", LogMark.WARMUP_FAILED),
 )
 # "Allocating … hierarchical KV host pool: N tokens, X GB host memory."
 _HOST_POOL = re.compile(r"allocating .*host pool", re.IGNORECASE)

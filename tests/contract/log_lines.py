@@ -139,4 +139,9 @@ LINES: tuple[Line, ...] = (
         "Received sigquit from a child process. It usually means the child failed.",
         "Received sigquit",
     ),
+    Line(
+        LogMark.WARMUP_FAILED,
+        "Initialization failed. warmup error: Traceback (most recent call last):",
+        "Initialization failed",
+    ),
 )

@@ -116,3 +116,12 @@ def test_exit_descriptions():
     assert describe_exit(1, None) == "exit status 1"
     assert describe_exit(None, 9) == "killed by signal 9"
     assert describe_exit(None, None) == "still running"
+
+
+def test_a_failed_warm_up_is_named_not_taken_for_the_oom_killer():
+    """SGLang kills its own tree (-9) when the warm-up request fails (http_server.py)."""
+    tail = ["Initialization failed. warmup error: Traceback (most recent call last):"]
+    got = classify(None, 9, tail, DeathContext(oom_kills=0))
+    assert got.kind is K.EXITED_UNEXPECTEDLY
+    assert "warm-up request failed" in got.hint
+    assert classify(None, 9, tail, DeathContext(oom_kills=1)).kind is K.KERNEL_OOM_KILLED

@@ -4,9 +4,12 @@ supervisor, escapees, leftovers of an earlier run, secrets."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import threading
 
 import pytest
+import requests
 
 from tests.e2e.run_support import marked_pids, supervisor
 from tests.waiting import wait_until
@@ -49,11 +52,53 @@ def test_ready_sends_ready_1_and_sigterm_stops_everything_with_exit_0(
         names = [e["event"] for e in sup.events() if e["event"] != "server_output"]
         for expected in ("settings", "launching", "loading", "ready", "stopping", "stopped"):
             assert expected in names
-        # Secrets never reach the log or the state file.
+        # Secrets never reach the log or the state file; SGLang prints the api key in clear.
+        assert "'api_key': '***'" in sup.log_text()
         for text in (sup.log_text(), (sup.state_dir / "state.json").read_text()):
             assert "sk-e2e-api-key-123" not in text
             assert "hf_e2e_secret_token" not in text
         assert sup.events("settings")[0]["server_env"] == {"HF_TOKEN": "***"}
+
+
+def test_a_request_in_flight_when_run_gets_sigterm_completes_with_200(
+    tmp_path, free_port, simulated_process_guard
+):
+    """The stop drains: SIGTERM reaches SGLang's main process only, which finishes the request
+    before it exits; its schedulers are never signalled, so nothing is seen as a crash."""
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario={"request_s": 4.0},
+        server_args=("--tp", "2", "--enable-metrics"),
+    ) as sup:
+        sup.wait_event("ready")
+        base = f"http://127.0.0.1:{free_port}"
+        answers: list[object] = []
+
+        def ask() -> None:
+            try:
+                answers.append(requests.post(f"{base}/generate", json={}, timeout=30).status_code)
+            except requests.RequestException as exc:  # the request was lost
+                answers.append(repr(exc))
+
+        def in_flight() -> bool:
+            metrics = requests.get(f"{base}/metrics", timeout=5).text
+            return re.search(r"sglang:num_running_reqs\{[^}]*\} 1\b", metrics) is not None
+
+        client = threading.Thread(target=ask)
+        client.start()
+        wait_until(in_flight, timeout_s=10, what="the request in flight")
+        sup.signal(signal.SIGTERM)
+        client.join(timeout=30)
+        assert answers == [200]
+        assert sup.wait_exit() == 0
+        assert sup.tree() == []
+        output = [e["line"] for e in sup.events("server_output")]
+        assert any("Draining requests and shutting down" in line for line in output)
+        assert any("Remaining number of requests 1" in line for line in output)
+        assert not any("crashed with exit code" in line for line in output)
+        assert sup.events("server_failed") == []
 
 
 def test_sigterm_while_loading_exits_0_and_leaves_nothing(
