@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
-import traceback
 
 import click
 
@@ -41,7 +41,21 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the CLI; operator errors print one line and exit with their code."""
+    """Entry point: run the CLI; operator errors print one line and exit with their code.
+
+    `argv` None: this process's own command line, and the process ends here.
+    """
+    try:
+        _main(argv)
+    finally:
+        if argv is None:
+            # The interpreter's exit-time collection walks every object the imports made, about
+            # 9 ms of a ~70 ms pre-flight; frozen objects are skipped and the OS frees them.
+            # Called from Python with an argv (tests), the caller's collector is left alone.
+            gc.freeze()
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         # Without standalone mode click returns ctx.exit(code) instead of exiting: pass it on.
         rc = cli.main(args=argv, prog_name="sglang-supervisor", standalone_mode=False)
@@ -57,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception:  # noqa: BLE001 - a bug: exit 70 (restarted), not Python's 1 (= no fit)
+        import traceback  # only on this path: with linecache and tokenize, ~4 ms of start-up
+
         traceback.print_exc()
         click.echo("sglang-supervisor: internal error (a bug; traceback above)", err=True)
         sys.exit(ExitCode.INTERNAL)

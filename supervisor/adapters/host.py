@@ -9,12 +9,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from supervisor.core.readings import HostMemory, NumaNodeMemory
 from supervisor.core.units import KiB
+
+# socket and core.readings (its dataclasses) are imported by the reads that need them: a
+# pre-flight planning another box from given facts reads nothing here.
+if TYPE_CHECKING:
+    from supervisor.core.readings import HostMemory, NumaNodeMemory
 
 # cgroup v1 reports "no limit" as a page-rounded LONG_MAX (9223372036854771712).
 _V1_UNLIMITED = 1 << 62
@@ -94,6 +98,8 @@ class HostProbe:
         Raises:
             HostReadError: the file is missing or lacks MemAvailable (kernel < 3.14).
         """
+        from supervisor.core.readings import HostMemory
+
         path = self.proc_root / "meminfo"
         try:
             fields = _kv_file(path)
@@ -202,6 +208,8 @@ class HostProbe:
         Raises:
             HostReadError: a node directory exists but its meminfo cannot be parsed.
         """
+        from supervisor.core.readings import NumaNodeMemory
+
         base = self.sys_root / "devices" / "system" / "node"
         nodes: list[NumaNodeMemory] = []
         try:
@@ -283,6 +291,8 @@ class HostProbe:
 
 def is_port_bound(host: str, port: int) -> bool:
     """True when something already listens on host:port (a bind attempt fails with EADDRINUSE)."""
+    import socket
+
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError:

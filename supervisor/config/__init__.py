@@ -1,5 +1,7 @@
 """The supervisor's configuration: TOML sections, their loader, and the settings of one run."""
 
+from typing import TYPE_CHECKING, Any
+
 from supervisor.config.loader import load_config, read_toml
 from supervisor.config.sections import (
     GpuConfig,
@@ -11,7 +13,9 @@ from supervisor.config.sections import (
     SupervisorConfig,
     WatchdogConfig,
 )
-from supervisor.config.settings import RunSettings
+
+if TYPE_CHECKING:
+    from supervisor.config.settings import RunSettings
 
 __all__ = [
     "GpuConfig",
@@ -26,3 +30,12 @@ __all__ = [
     "load_config",
     "read_toml",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # RunSettings is `run`'s alone: loaded on first use, the pre-flight does not build its class.
+    if name == "RunSettings":
+        from supervisor.config.settings import RunSettings
+
+        return RunSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

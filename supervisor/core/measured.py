@@ -20,11 +20,13 @@ from typing import Any
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.units import GiB
 
-_WEIGHTS = re.compile(r"Load weight end\..*avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
-_KV = re.compile(r"KV Cache is allocated\. .*#tokens: (\d+)")
-_HOST_POOL = re.compile(r"hierarchical KV host pool: (\d+) tokens")
-_POOL_END = re.compile(r"Memory pool end\. avail mem=([\d.]+) GB")
-_RANK = re.compile(r"\bTP(\d+)\b")
+# Compiled by the first SizingLog (re caches them), not at import: only `run` reads a launch's
+# log, and the pre-flight imports this module for the records alone.
+_WEIGHTS = r"Load weight end\..*avail mem=([\d.]+) GB, mem usage=([\d.]+) GB"
+_KV = r"KV Cache is allocated\. .*#tokens: (\d+)"
+_HOST_POOL = r"hierarchical KV host pool: (\d+) tokens"
+_POOL_END = r"Memory pool end\. avail mem=([\d.]+) GB"
+_RANK = r"\bTP(\d+)\b"
 # Bounds of the record file: a few launches per deployment, a few deployments per instance.
 RECORDS_PER_DEPLOYMENT = 4
 RECORDS_MAX = 32
@@ -50,21 +52,24 @@ class SizingLog:
 
     def __init__(self) -> None:
         self._ranks: dict[int, dict[str, int]] = {}
+        self._rank, self._weights, self._kv, self._host_pool, self._pool_end = (
+            re.compile(p) for p in (_RANK, _WEIGHTS, _KV, _HOST_POOL, _POOL_END)
+        )
 
     def feed(self, line: str) -> None:
         if "mem" not in line and "tokens" not in line:
             return  # the common case: not a sizing line
-        rank_match = _RANK.search(line)
+        rank_match = self._rank.search(line)
         rank = self._ranks.setdefault(int(rank_match.group(1)) if rank_match else 0, {})
-        if (m := _WEIGHTS.search(line)) is not None:
+        if (m := self._weights.search(line)) is not None:
             avail, usage = float(m.group(1)), float(m.group(2))
             rank["pre_load_free_bytes"] = int((avail + usage) * GiB)
             rank["weights_bytes"] = int(usage * GiB)
-        elif (m := _KV.search(line)) is not None:
+        elif (m := self._kv.search(line)) is not None:
             rank["device_tokens"] = int(m.group(1))
-        elif (m := _HOST_POOL.search(line)) is not None:
+        elif (m := self._host_pool.search(line)) is not None:
             rank["host_pool_tokens"] = rank.get("host_pool_tokens", 0) + int(m.group(1))
-        elif (m := _POOL_END.search(line)) is not None:
+        elif (m := self._pool_end.search(line)) is not None:
             rank["free_after_pools_bytes"] = int(float(m.group(1)) * GiB)
 
     def measurement(self) -> Measurement:

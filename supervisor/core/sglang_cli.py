@@ -127,6 +127,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse would print and exit 2
         raise ArgvError(message)
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # add_argument asks for a formatter per flag, and each default one asks the terminal for
+        # its size (importing shutil): ~4 ms of the pre-flight for help that is never printed.
+        return argparse.HelpFormatter(self.prog, width=100)
+
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "float": float}
 

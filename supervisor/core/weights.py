@@ -21,8 +21,10 @@ from typing import Any
 from supervisor.core.sglang_facts import VLM_CACHE_ENV
 from supervisor.core.units import MiB
 
-# Tensor names SGLang loads into replicated layers (the suffix after the layer prefix).
-_REPLICATED_NAME = re.compile(
+# Tensor names SGLang loads into replicated layers (the suffix after the layer prefix). Compiled
+# at the first safetensors split (re caches it), not at import: a plan without the shards never
+# uses it.
+_REPLICATED_NAME = (
     r"(q_a_proj|kv_a_proj_with_mqa|q_a_layernorm|kv_a_layernorm|mlp\.gate\.weight"
     r"|e_score_correction_bias|layernorm|\.norm\.|norm\.weight$"
     r"|vision_tower\..*\.mlp\.|mm_projector\.|multi_modal_projector\.)"
@@ -42,7 +44,8 @@ class RankWeights:
 
 def replicated_from_tensors(tensor_bytes: Mapping[str, int]) -> int:
     """Bytes of the tensors SGLang replicates, by name (from the safetensors headers)."""
-    return sum(size for name, size in tensor_bytes.items() if _REPLICATED_NAME.search(name))
+    replicated = re.compile(_REPLICATED_NAME)
+    return sum(size for name, size in tensor_bytes.items() if replicated.search(name))
 
 
 def _int(config: Mapping[str, Any], key: str, default: int = 0) -> int:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from supervisor.adapters.host import HostProbe, HostReadError, is_port_bound
 from supervisor.adapters.model_config import ModelInfo
@@ -24,11 +24,13 @@ from supervisor.core.checks import (
     check_shm,
 )
 from supervisor.core.numa_binding import Binding, sglang_binding
-from supervisor.core.ports import GpuSensor
-from supervisor.core.readings import GpuState
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.sglang_facts import HUGEPAGE_ENV
 from supervisor.core.units import parse_size
+
+if TYPE_CHECKING:  # types only: core.ports brings the run loop's events and classifier
+    from supervisor.core.ports import GpuSensor
+    from supervisor.core.readings import GpuState
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +132,8 @@ def numa_loads(
         nodes = probe.read_numa_nodes()
     except HostReadError as exc:
         return (), [Check("numa", Status.WARN, f"NUMA layout unreadable, not checked: {exc}")]
+    import shutil  # here, not at the top: with bz2 and lzma, only a measured NUMA host needs it
+
     numactl = shutil.which("numactl", path=env.get("PATH")) is not None
     explicit = plan.numa_node is not None
     binding, why = sglang_binding(

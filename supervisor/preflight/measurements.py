@@ -10,12 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import structlog
-
-from supervisor.atomic_file import write_text_atomic
 from supervisor.core.measured import Record, add_record
-
-log = structlog.get_logger("supervisor.measured")
 
 FILE_NAME = "measured-sizing.json"
 _VERSION = 1
@@ -36,6 +31,12 @@ def load_records(state_dir: Path) -> tuple[tuple[Record, ...], str | None]:
 def save_record(state_dir: Path, record: Record) -> None:
     """Add `record` (bounded per deployment and in all). A write error is logged, not raised:
     losing a measurement must not stop a running server's supervision."""
+    # Only `run` saves: the pre-flight, which only loads, does not pay for structlog's import.
+    import structlog
+
+    from supervisor.atomic_file import write_text_atomic
+
+    log = structlog.get_logger("supervisor.measured")
     records, problem = load_records(state_dir)
     if problem is not None:
         log.warning("measured_sizing_replaced", reason=problem)

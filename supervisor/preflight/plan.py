@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from supervisor.adapters.host import HostProbe, HostReadError
 from supervisor.adapters.model_config import ModelInfo, load_model_config
@@ -20,7 +21,6 @@ from supervisor.core import fit, model_geometry
 from supervisor.core.assess import HostAssessment, assess_host
 from supervisor.core.checks import Check, FitReport, Status
 from supervisor.core.measured import Deployment, latest_for
-from supervisor.core.ports import GpuSensor
 from supervisor.core.sglang_args import LaunchPlan, redact_argv
 from supervisor.core.sglang_args import with_flag_value as _with_flag_value
 from supervisor.core.sglang_launch import LaunchReader
@@ -38,6 +38,9 @@ from supervisor.preflight.inputs import (
 )
 from supervisor.preflight.measurements import load_records
 from supervisor.preflight.reader import launch_reader, read_plan
+
+if TYPE_CHECKING:  # a type only: core.ports brings the run loop's events and classifier
+    from supervisor.core.ports import GpuSensor
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from supervisor.adapters.sglang_config import config_path_of, load_sglang_config
 from supervisor.adapters.sglang_version import installed_sglang_version, interpreter_for
 from supervisor.config import SupervisorConfig
 from supervisor.core.sglang_args import ArgvError, LaunchPlan
@@ -45,10 +44,13 @@ def launch_reader(
     Raises:
         ConfigError: a bad version given, or a `--config` file that is missing or not YAML.
     """
+    rules = sglang_rules(config, command)
+    if "--config" not in argv:  # SGLang's exact token: without it PyYAML is not even imported
+        return LaunchReader(rules=rules, yaml_config=None, yaml_path=None)
+    from supervisor.adapters.sglang_config import config_path_of, load_sglang_config
+
     return LaunchReader(
-        rules=sglang_rules(config, command),
-        yaml_config=load_sglang_config(argv),
-        yaml_path=config_path_of(argv),
+        rules=rules, yaml_config=load_sglang_config(argv), yaml_path=config_path_of(argv)
     )
 
 

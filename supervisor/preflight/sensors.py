@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from supervisor.adapters.gpu_guard import GuardedGpuSensor
-from supervisor.adapters.nvml import GpuBackendError, open_gpu_sensor
-from supervisor.core.ports import GpuSensor
-from supervisor.core.readings import GpuState
+# The adapters are imported where a sensor is opened: the pre-flight builds a LazySensor on every
+# run but reads it only when the GPU facts are not given, and `run`'s guarded sensor brings
+# structlog, ctypes and subprocess with it.
+if TYPE_CHECKING:
+    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.core.ports import GpuSensor
+    from supervisor.core.readings import GpuState
 
 SIM_MODULE = "supervisor.testing.fake_nvml"
 BACKENDS = ("auto", "nvml", "sim", "none")
@@ -23,6 +27,8 @@ def open_sensor(backend: str) -> GpuSensor:
         GpuBackendError: an unknown backend, NVML missing when asked for explicitly, or `sim`
             without simulated GPUs.
     """
+    from supervisor.adapters.nvml import GpuBackendError, open_gpu_sensor
+
     if backend != "sim":
         return open_gpu_sensor(backend)
     try:
@@ -58,5 +64,7 @@ def guarded_sensor(
 ) -> GuardedGpuSensor:
     """The sensor `run` uses: NVML (`nvml`) or the simulation (`sim`) in a worker process with
     a deadline per query."""
+    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+
     module = SIM_MODULE if backend == "sim" else "pynvml"
     return GuardedGpuSensor(module, timeout_s=timeout_s, env=env)

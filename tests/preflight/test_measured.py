@@ -1,8 +1,10 @@
 """The pre-flight on a measured host (no planning facts): a fake /proc and /sys, a fake GPU
-sensor, simulated GPUs through the CLI, and no SGLang or torch import."""
+sensor, simulated GPUs through the CLI, and what it never imports (SGLang, torch, `run`'s
+libraries)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import socket
@@ -200,15 +202,32 @@ def test_simulated_gpus_give_the_device_pool(capsys, tmp_path, monkeypatch):
     assert gpus["detail"] == "8 GPU(s) visible"
 
 
-def test_preflight_never_imports_sglang_or_torch():
+# What the pre-flight's answer never needs: SGLang and torch (the argv is read by the supervisor
+# itself), `run`'s libraries, and importlib.metadata (the SGLang version comes from its
+# dist-info directly). PyYAML only when SGLang's own `--config FILE.yaml` is in the argv.
+NOT_ON_THE_PREFLIGHT_PATH = (
+    "sglang",
+    "torch",
+    "structlog",
+    "requests",
+    "tenacity",
+    "psutil",
+    "pynvml",
+    "yaml",
+    "importlib.metadata",
+)
+
+
+def imported_by_preflight(*args: str) -> list[str]:
+    """The modules of NOT_ON_THE_PREFLIGHT_PATH a fresh interpreter has after `preflight ARGS`."""
     code = (
         "import sys\n"
         "from supervisor.cli import main\n"
         "try:\n"
-        f"    main(['preflight', '--json', '--config', {str(SEED)!r}])\n"
+        f"    main(['preflight', '--json', *{list(args)!r}])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "print('IMPORTED', 'sglang' in sys.modules, 'torch' in sys.modules)\n"
+        f"print('IMPORTED', [m for m in {NOT_ON_THE_PREFLIGHT_PATH!r} if m in sys.modules])\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     done = subprocess.run(
@@ -219,4 +238,23 @@ def test_preflight_never_imports_sglang_or_torch():
         env=env,
         check=False,
     )
-    assert done.stdout.strip().splitlines()[-1] == "IMPORTED False False", done.stderr
+    assert '"checks"' in done.stdout, done.stderr  # a report, not an early exit
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("IMPORTED "), done.stderr
+    return list(ast.literal_eval(last.removeprefix("IMPORTED ")))
+
+
+def test_preflight_never_imports_sglang_torch_or_the_runs_libraries():
+    assert imported_by_preflight("--config", str(SEED)) == []
+
+
+def test_preflight_measuring_this_host_imports_none_of_them_either():
+    facts = ["--gpu-backend", "none", "--weights", "595GB", "--model-config", str(KIMI)]
+    assert imported_by_preflight(*facts, "--", *KIMI_ARGS, "--port", "39999") == []
+
+
+def test_pyyaml_is_imported_only_for_sglangs_own_config_file(tmp_path):
+    flags = tmp_path / "flags.yaml"
+    flags.write_text("hicache-size: 48\n", encoding="utf-8")
+    argv = ["--config", str(SEED), "--", *KIMI_ARGS, "--config", str(flags)]
+    assert imported_by_preflight(*argv) == ["yaml"]
