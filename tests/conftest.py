@@ -83,6 +83,10 @@ def simulated_process_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     token = uuid.uuid4().hex
     monkeypatch.setenv(MARKER_ENV, token)
     yield token
+    _check_processes(token)
+
+
+def _check_processes(token: str) -> None:
     deadline = time.monotonic() + _LEAK_GRACE_S
     survivors = _marked_processes(token)
     while survivors and time.monotonic() < deadline:

@@ -25,6 +25,52 @@ RUN_ENV = "SGLANG_SUPERVISOR_RUN_ID"
 SUPERVISOR_ENV = "SGLANG_SUPERVISOR_PID"
 
 
+def parse_stat(pid: int, text: str) -> _Stat | None:
+    """/proc/PID/stat: comm may contain spaces and parentheses, so it ends at the last ")"."""
+    open_at, close_at = text.find("("), text.rfind(")")
+    if open_at < 0 or close_at < open_at:
+        return None
+    fields = text[close_at + 2 :].split()
+    try:
+        return _Stat(
+            pid=pid,
+            comm=text[open_at + 1 : close_at],
+            state=fields[0],
+            ppid=int(fields[1]),
+            pgid=int(fields[2]),
+            start_ticks=int(fields[19]),
+            # field 52, a zombie's wait status (Linux >= 3.5)
+            exit_status=int(fields[49]) if fields[0] == "Z" and len(fields) > 49 else None,
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def parse_status(text: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    return fields
+
+
+def info_from(stat: _Stat, status: dict[str, str], title: str) -> ProcessInfo:
+    """A ProcessInfo from a stat line (group, start) and a status file (state, memory)."""
+    return ProcessInfo(
+        pid=stat.pid,
+        ppid=_int(status.get("PPid"), default=stat.ppid),
+        pgid=stat.pgid,
+        state=status.get("State", stat.state)[:1] or stat.state,
+        title=title or stat.comm,
+        rss_anon_bytes=_kib(status.get("RssAnon")),
+        rss_shmem_bytes=_kib(status.get("RssShmem")),
+        rss_file_bytes=_kib(status.get("RssFile")),
+        threads=_int(status.get("Threads"), default=1),
+        start_ticks=stat.start_ticks,
+        exit_status=stat.exit_status,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Stat:
     pid: int
@@ -33,6 +79,7 @@ class _Stat:
     ppid: int
     pgid: int
     start_ticks: int
+    exit_status: int | None = None
 
 
 class ProcReader:
@@ -55,22 +102,7 @@ class ProcReader:
             text = (self.root / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
-        # comm may contain spaces and parentheses: it ends at the last ")".
-        open_at, close_at = text.find("("), text.rfind(")")
-        if open_at < 0 or close_at < open_at:
-            return None
-        fields = text[close_at + 2 :].split()
-        try:
-            return _Stat(
-                pid=pid,
-                comm=text[open_at + 1 : close_at],
-                state=fields[0],
-                ppid=int(fields[1]),
-                pgid=int(fields[2]),
-                start_ticks=int(fields[19]),
-            )
-        except (IndexError, ValueError):
-            return None
+        return parse_stat(pid, text)
 
     def start_ticks(self, pid: int) -> int | None:
         """Start time in clock ticks since boot: with the PID, identifies a process (no reuse)."""
@@ -187,28 +219,13 @@ class ProcReader:
             text = (self.root / str(pid) / "status").read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
-        fields: dict[str, str] = {}
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-        return fields
+        return parse_status(text)
 
     def _info(self, stat: _Stat) -> ProcessInfo | None:
         fields = self._status(stat.pid)
         if fields is None:
             return None
-        return ProcessInfo(
-            pid=stat.pid,
-            ppid=stat.ppid,
-            pgid=stat.pgid,
-            state=stat.state,
-            title=self.title(stat.pid),
-            rss_anon_bytes=_kib(fields.get("RssAnon")),
-            rss_shmem_bytes=_kib(fields.get("RssShmem")),
-            rss_file_bytes=_kib(fields.get("RssFile")),
-            threads=_int(fields.get("Threads"), default=1),
-            start_ticks=stat.start_ticks,
-        )
+        return info_from(stat, fields, self.title(stat.pid))
 
     # -- trees ----------------------------------------------------------------------------
 
@@ -231,11 +248,29 @@ class ProcReader:
         environment marker or was seen in the tree before (`known_pids`, e.g. a zombie whose
         environment can no longer be read). The supervisor itself is never included.
         """
+        members = self.server_tree_pids(
+            server_pid=server_pid,
+            pgid=pgid,
+            subreaper_pid=subreaper_pid,
+            run_id=run_id,
+            known_pids=known_pids,
+        )
+        return self.processes(members)
+
+    def server_tree_pids(
+        self,
+        *,
+        server_pid: int,
+        pgid: int,
+        subreaper_pid: int,
+        run_id: str | None = None,
+        known_pids: Iterable[int] = (),
+    ) -> list[int]:
+        """The PIDs `server_tree` finds: one stat read per host process (the full scan)."""
         stats = self._all_stats()
         children: dict[int, list[int]] = {}
         for s in stats:
             children.setdefault(s.ppid, []).append(s.pid)
-        by_pid = {s.pid: s for s in stats}
         known = set(known_pids)
         roots = {server_pid} | {s.pid for s in stats if s.pgid == pgid}
         for child in children.get(subreaper_pid, []):
@@ -245,8 +280,7 @@ class ProcReader:
                 roots.add(child)
         members = set(_descendants(roots, children))
         members.discard(subreaper_pid)
-        infos = (self._info(by_pid[pid]) for pid in sorted(members) if pid in by_pid)
-        return tuple(i for i in infos if i is not None)
+        return sorted(members)
 
     def processes(self, pids: Iterable[int]) -> tuple[ProcessInfo, ...]:
         """The given PIDs that still exist."""

@@ -16,16 +16,25 @@ import queue
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
+from supervisor.adapters.cgroup import ServerCgroup
 from supervisor.adapters.procfs import ProcReader
+from supervisor.adapters.reclaim import process_mrelease
+from supervisor.adapters.tree import ExitWatcher, TreeReader
 from supervisor.core.events import KillReason
 from supervisor.core.readings import ExitStatus, ProcessInfo
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)
+# /proc mode: the whole host is scanned for members this often while the tree still changes
+# (ranks spawning), then only when something hints at a new member (an unknown child reaped, a
+# member exited) or this rarely. cgroup mode never scans: cgroup.procs is the membership.
+SCAN_UNSETTLED_S = 1.0
+SCAN_SETTLED_S = 30.0
 
 
 def become_subreaper() -> bool:
@@ -33,12 +42,18 @@ def become_subreaper() -> bool:
     return bool(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
 
 
-def _child_setup(parent_pid: int, oom_score_adj: int | None) -> Callable[[], None]:
+def _child_setup(
+    parent_pid: int, oom_score_adj: int | None, cgroup_files: Sequence[str] = ()
+) -> Callable[[], None]:
     def setup() -> None:
         # Runs in the forked child before exec: only async-signal-safe-ish work, no logging.
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the supervisor died before the prctl: nobody to watch
             os._exit(1)
+        # Enter the server's cgroup(s) before exec, so no descendant is ever born outside.
+        for path in cgroup_files:
+            with contextlib.suppress(OSError), open(path, "w") as f:
+                f.write("0")
         if oom_score_adj is not None:
             with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(oom_score_adj))
@@ -107,7 +122,12 @@ class OutputPump:
 
 
 class ServerProcess:
-    """A running server tree. `kill_all` and `signal_group` are safe from any thread."""
+    """A running server tree. `kill_all`, `tree` and `refresh` are safe from any thread.
+
+    Membership comes from the server's cgroup when it has one (every descendant, escapees
+    included, at the cost of one read), else from /proc: the process group, its descendants, and
+    the escapees reparented to this subreaper, found by a scan of the host.
+    """
 
     def __init__(
         self,
@@ -115,6 +135,7 @@ class ServerProcess:
         pump: OutputPump,
         proc: ProcReader,
         run_id: str,
+        cgroup: ServerCgroup | None = None,
     ) -> None:
         self._popen = popen
         self.pump = pump
@@ -122,12 +143,18 @@ class ServerProcess:
         self.run_id = run_id
         self.pid = popen.pid
         self.pgid = popen.pid  # start_new_session: the server leads its own session and group
-        self.pidfd: int | None = None
-        with contextlib.suppress(AttributeError, OSError):
-            self.pidfd = os.pidfd_open(self.pid)
+        self.reader = TreeReader(proc.root)
+        self.cgroup = cgroup if cgroup is not None and self.pid in cgroup.pids() else None
+        self.cgroup_missed = cgroup is not None and self.cgroup is None
         self._lock = threading.Lock()
-        self._known: set[int] = {self.pid}
+        self._scan_lock = threading.Lock()
         self._kill_reason: KillReason | None = None
+        self._scanned_at = float("-inf")
+        self._scan_due = True
+        self._settled = False
+        self._watcher: ExitWatcher | None = None
+        self.memory_released = 0
+        self.reader.read([self.pid])  # opens the main process's files and pidfd at once
 
     @classmethod
     def start(
@@ -141,13 +168,15 @@ class ServerProcess:
         oom_score_adj: int | None = 500,
         tail_lines: int = 200,
         proc: ProcReader | None = None,
+        cgroup: ServerCgroup | None = None,
     ) -> ServerProcess:
-        """Launch `argv`. Call from the main thread: PDEATHSIG fires when the creating *thread*
-        exits, not the process.
+        """Launch `argv` (inside `cgroup` when given). Call from the main thread: PDEATHSIG
+        fires when the creating *thread* exits, not the process.
 
         Raises:
             OSError: the command cannot be executed (FileNotFoundError, PermissionError, ...).
         """
+        files = cgroup.join_files if cgroup is not None else ()
         popen = subprocess.Popen(
             list(argv),
             env=dict(env),
@@ -156,12 +185,12 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=_child_setup(os.getpid(), oom_score_adj),
+            preexec_fn=_child_setup(os.getpid(), oom_score_adj, files),
         )
         assert popen.stdout is not None  # stdout=PIPE
         pump = OutputPump(popen.stdout, sink, redact, tail_lines=tail_lines)
         pump.start()
-        return cls(popen, pump, proc or ProcReader(), run_id)
+        return cls(popen, pump, proc or ProcReader(), run_id, cgroup)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -170,24 +199,66 @@ class ServerProcess:
         returncode = self._popen.poll()
         return None if returncode is None else ExitStatus.from_returncode(returncode)
 
+    @property
+    def mode(self) -> str:
+        return self.cgroup.mode if self.cgroup is not None else "/proc"
+
     def tree(self) -> tuple[ProcessInfo, ...]:
-        """Every process of the tree now (group, descendants, escapees reparented to us)."""
-        with self._lock:
-            known = set(self._known)
-        found = self.proc.server_tree(
-            server_pid=self.pid,
-            pgid=self.pgid,
-            subreaper_pid=os.getpid(),
-            run_id=self.run_id,
-            known_pids=known,
-        )
-        with self._lock:
-            self._known.update(p.pid for p in found)
-        return found
+        """Every process of the tree now, zombies included."""
+        return self.reader.read(self._members(), titles=True)
 
     def refresh(self, known: Sequence[ProcessInfo]) -> tuple[ProcessInfo, ...]:
-        """The known processes re-read from /proc/PID/status (no scan of the whole host)."""
-        return self.proc.refresh(known)
+        """The known processes re-read through their open files; vanished ones left out."""
+        return self.reader.read(p.pid for p in known)
+
+    def charged_bytes(self) -> int | None:
+        """anon + shmem of the whole tree from its cgroup; None in /proc mode."""
+        return self.cgroup.charged_bytes() if self.cgroup is not None else None
+
+    def mark_ready(self) -> None:
+        """The tree is up: in /proc mode, one scan now (the ranks may be younger than the last
+        one), then rarely."""
+        self._scan_due = True
+        self._settled = True
+
+    def watch_exits(self, notify: Callable[[], None]) -> None:
+        """Call `notify` (from a thread) whenever a process of the tree exits."""
+        if self._watcher is not None:
+            return
+        watcher = ExitWatcher(lambda _pid: self._exited(notify))
+        self._watcher = watcher
+        self.reader.on_new_member = watcher.watch
+        for pid, fd in self.reader.pidfds().items():
+            watcher.watch(pid, fd)
+
+    def _exited(self, notify: Callable[[], None]) -> None:
+        self._scan_due = True  # its children may have been reparented to us
+        notify()
+
+    def _members(self) -> set[int]:
+        known = self.reader.known() | {self.pid}  # zombies leave cgroup.procs: keep them
+        if self.cgroup is not None:
+            return set(self.cgroup.pids()) | known
+        with self._scan_lock:
+            return self._scanned_members(known)
+
+    def _scanned_members(self, known: set[int]) -> set[int]:
+        now = time.monotonic()
+        every_s = SCAN_SETTLED_S if self._settled else SCAN_UNSETTLED_S
+        if not self._scan_due and now - self._scanned_at < every_s:
+            return known
+        found = frozenset(
+            self.proc.server_tree_pids(
+                server_pid=self.pid,
+                pgid=self.pgid,
+                subreaper_pid=os.getpid(),
+                run_id=self.run_id,
+                known_pids=known,
+            )
+        )
+        self._scan_due = False
+        self._scanned_at = now
+        return set(found) | known
 
     def tail(self) -> tuple[str, ...]:
         return self.pump.tail()
@@ -231,24 +302,34 @@ class ServerProcess:
             self._popen.send_signal(signal.SIGTERM)
 
     def kill_all(self, reason: KillReason) -> tuple[int, ...]:
-        """Record `reason`, SIGKILL the process group and every other process of the tree, then
-        reap what is ours.
+        """Record `reason`, SIGKILL the whole tree at once, hand its memory back, reap.
 
-        Safe from any thread (the watchdog calls it in a memory emergency). Returns the PIDs
-        found. Does not wait: see `remaining`.
+        cgroup mode: one `cgroup.kill`. /proc mode: the process group and every known member
+        through its pidfd first, so the kill costs the same on a busy host, and only then a scan
+        for escapees. process_mrelease follows each SIGKILL at once (later, the process is gone
+        and there is nothing left to hurry). Safe from any thread; does not wait: see `remaining`.
         """
         self._record(reason)
-        # Read the tree before the group dies: an escapee whose parent dies is reparented and
-        # found only through the subreaper, which a test process (or a failed prctl) may not be.
-        before = self.tree()
-        self.signal_group(signal.SIGKILL)
-        tree = {p.pid: p for p in (*before, *self.tree())}
-        for p in tree.values():
-            if not p.is_zombie:
+        pidfds = self.reader.pidfds()
+        if self.cgroup is not None:
+            try:
+                self.cgroup.kill()
+            except Exception:  # noqa: BLE001 - the group vanished: fall back to signals below
+                self.cgroup = None
+        if self.cgroup is None:
+            self.signal_group(signal.SIGKILL)
+            for fd in pidfds.values():
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+        self.memory_released += sum(1 for fd in pidfds.values() if process_mrelease(fd))
+        if self.cgroup is None:
+            self._scan_due = True
+            escapees = self._members() - set(pidfds)
+            for pid in escapees:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(p.pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
         self.reap()
-        return tuple(sorted(tree))
+        return tuple(sorted(set(pidfds) | (set(self.cgroup.pids()) if self.cgroup else set())))
 
     def reap(self) -> None:
         """Collect exit statuses of the tree's processes that are our children.
@@ -258,9 +339,7 @@ class ServerProcess:
         """
         self._popen.poll()
         me = os.getpid()
-        with self._lock:
-            known = set(self._known)
-        for info in self.proc.processes(known):
+        for info in self.reader.read(self.reader.known()):
             if info.ppid == me and info.is_zombie and info.pid != self.pid:
                 with contextlib.suppress(ChildProcessError, OSError):
                     os.waitpid(info.pid, os.WNOHANG)
@@ -268,20 +347,22 @@ class ServerProcess:
     def remaining(self) -> tuple[ProcessInfo, ...]:
         """Processes of the tree still present, zombies of others included."""
         self.reap()
+        self._scan_due = True
         return self.tree()
 
     def close(self) -> None:
-        if self.pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.pidfd)
-            self.pidfd = None
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        self.reader.close()
 
 
 class SubprocessLauncher:
     """Implements core.ports.ServerLauncher: ServerProcess.start with this host's /proc."""
 
-    def __init__(self, proc: ProcReader | None = None) -> None:
+    def __init__(self, proc: ProcReader | None = None, cgroup: ServerCgroup | None = None) -> None:
         self.proc = proc or ProcReader()
+        self.cgroup = cgroup
 
     def start(
         self,
@@ -303,4 +384,5 @@ class SubprocessLauncher:
             oom_score_adj=oom_score_adj,
             tail_lines=tail_lines,
             proc=self.proc,
+            cgroup=self.cgroup,
         )

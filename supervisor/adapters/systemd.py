@@ -1,21 +1,31 @@
 """sd_notify with the standard library: one AF_UNIX datagram to $NOTIFY_SOCKET per message.
 
 No-op without $NOTIFY_SOCKET. '@' addresses are in the abstract namespace (docs/peers.md,
-systemd's man/notify-selfcontained-example.py). Errors are swallowed and counted: a missing
-notification must never take the supervisor down.
+systemd's man/notify-selfcontained-example.py). Errors are swallowed and counted, and a send
+never blocks (MSG_DONTWAIT): a missing notification, or a receiver that stopped reading, must
+never take the supervisor down or stall it.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+
+# EXTEND_TIMEOUT_USEC moves a deadline of minutes: once a second is plenty, and a full datagram
+# queue (net.unix.max_dgram_qlen, 10 by default) must not be filled with them.
+_EXTEND_EVERY_S = 1.0
 
 
 class SdNotifier:
     """Implements ports.Notifier for systemd's Type=notify units."""
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        environ: Mapping[str, str] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         env = os.environ if environ is None else environ
         raw = env.get("NOTIFY_SOCKET", "")
         self.address: str | bytes | None = None
@@ -25,6 +35,8 @@ class SdNotifier:
             self.address = raw
         self.errors = 0
         self._watchdog_usec = _watchdog_usec(env)
+        self._monotonic = monotonic
+        self._extended_at = float("-inf")
 
     @property
     def enabled(self) -> bool:
@@ -43,7 +55,7 @@ class SdNotifier:
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
                 sock.connect(self.address)
-                sock.sendall(payload)
+                sock.send(payload, socket.MSG_DONTWAIT)
         except OSError:
             self.errors += 1
             return False
@@ -59,6 +71,10 @@ class SdNotifier:
         return self.notify("WATCHDOG=1")
 
     def extend_timeout(self, seconds: float) -> bool:
+        now = self._monotonic()
+        if now - self._extended_at < _EXTEND_EVERY_S:
+            return False
+        self._extended_at = now
         return self.notify(f"EXTEND_TIMEOUT_USEC={max(0, int(seconds * 1e6))}")
 
     def stopping(self, status: str | None = None) -> bool:

@@ -27,6 +27,7 @@ from supervisor.preflight.reader import argv_problem, launch_reader
 from supervisor.run.state import StateStore, default_state_dir
 
 if TYPE_CHECKING:
+    from supervisor.adapters.cgroup import ServerCgroup
     from supervisor.adapters.events import QueueEvents
     from supervisor.core.ports import GpuSensor, Notifier
     from supervisor.memory.guard import MemoryGuard
@@ -77,6 +78,12 @@ _RUN_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--max-restarts", "max_restarts", int, "More restarts within the window = crash loop (5)."),
     ("--restart-window", "restart_window_s", _DURATION, "Window for --max-restarts (30min)."),
     ("--oom-score-adj", "oom_score_adj", int, "oom_score_adj of the server tree (500)."),
+    (
+        "--cgroup",
+        "cgroup",
+        click.Choice(["auto", "off"]),
+        "Server tree in a cgroup of its own when possible (auto), or /proc only (off).",
+    ),
     ("--log-format", "log_format", click.Choice(["auto", "json", "console"]), "Log rendering."),
     ("--log-level", "log_level", click.Choice(["debug", "info", "warning", "error"]), "Level."),
 )
@@ -238,6 +245,7 @@ def build_runner(
     *,
     notifier: Notifier,
     events: QueueEvents,
+    cgroup: ServerCgroup | None = None,
 ) -> Runner:
     """The production runner: real processes, HTTP health probes, the system clock."""
     from supervisor.adapters.clock import SystemClock
@@ -258,7 +266,7 @@ def build_runner(
     io = RunnerIO(
         clock=SystemClock(),
         events=events,
-        launcher=SubprocessLauncher(),
+        launcher=SubprocessLauncher(cgroup=cgroup),
         processes=SystemProcesses(),
         notifier=notifier,
         probe_factory=probe_factory,
@@ -273,6 +281,17 @@ def build_runner(
 
 
 def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
+    from supervisor.run.containment import contain, release
+
+    # Before any child (the NVML worker) starts: it then lives in our own leaf group.
+    containment = contain(settings.instance, settings.run.cgroup)
+    try:
+        return _supervise(settings, store, containment.server)
+    finally:
+        release(containment)
+
+
+def _supervise(settings: RunSettings, store: StateStore, cgroup: ServerCgroup | None) -> int:
     from supervisor.adapters.events import QueueEvents
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.memory.guard import MemoryGuard
@@ -287,7 +306,9 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
         settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
     )
     events = QueueEvents()
-    runner = build_runner(settings, store, sensor, guard, notifier=SdNotifier(), events=events)
+    runner = build_runner(
+        settings, store, sensor, guard, notifier=SdNotifier(), events=events, cgroup=cgroup
+    )
     log.info(
         "settings",
         instance=settings.instance,

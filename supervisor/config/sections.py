@@ -104,7 +104,9 @@ class RunConfig:
     auto_size: bool = False  # on no-fit, launch with the pre-flight's largest safe --hicache-size
     force: bool = False  # on no-fit, launch anyway
     kill_foreign_gpu_processes: bool = False
-    oom_score_adj: int = 500  # for the server tree: the kernel OOM killer takes it, not us
+    oom_score_adj: int = 500
+    # The server tree in a cgroup of its own (auto: when this host allows it), or /proc only.
+    cgroup: str = "auto"  # for the server tree: the kernel OOM killer takes it, not us
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
 
@@ -143,6 +145,8 @@ class RunConfig:
             raise bad("health_path", "must start with /", self.health_path)
         if not -1000 <= self.oom_score_adj <= 1000:
             raise bad("oom_score_adj", "must be in [-1000, 1000]", self.oom_score_adj)
+        if self.cgroup not in ("auto", "off"):
+            raise bad("cgroup", "must be auto or off", self.cgroup)
         if self.log_format not in ("auto", "json", "console"):
             raise bad("log_format", "must be auto, json or console", self.log_format)
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

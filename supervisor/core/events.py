@@ -1,7 +1,8 @@
 """What travels on the runner's event queue, and why a server tree was killed: typed values.
 
-A stop signal and a memory watchdog's action are the only events; a kill carries a FailureKind,
-never a string, so the path from the kill to the restart decision is checked by mypy end to end.
+A stop signal, a memory watchdog's action and a wake-up (a tree member exited, a probe answered)
+are the only events; a kill carries a FailureKind, never a string, so the path from the kill to
+the restart decision is checked by mypy end to end.
 """
 
 from __future__ import annotations
@@ -38,7 +39,19 @@ class WatchdogEvent:
     predicted: bool = False
 
 
-Event = SignalEvent | WatchdogEvent
+class Wake(str, Enum):
+    """Something the run loop should look at now rather than at its next tick."""
+
+    TREE_CHANGED = "tree_changed"  # a process of the server tree exited
+    PROBE_DONE = "probe_done"  # a health probe answered
+
+
+@dataclass(frozen=True, slots=True)
+class WakeEvent:
+    reason: Wake
+
+
+Event = SignalEvent | WatchdogEvent | WakeEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ class RankProblem(str, Enum):
     OK = "ok"
     NOT_YET = "not_yet"  # fewer than expected, but not all were ever seen (still starting)
     MISSING = "missing"
-    ZOMBIE = "zombie"
+    DIED = "died"  # a scheduler exited non-zero or by a signal; its parent has not reaped it yet
+    ZOMBIE = "zombie"  # a scheduler exited 0 (or we cannot tell) and sits unreaped
     STOPPED = "stopped"
 
 
@@ -41,7 +42,12 @@ class RankVerdict:
 
     @property
     def is_dead(self) -> bool:
-        return self.problem in (RankProblem.MISSING, RankProblem.ZOMBIE, RankProblem.STOPPED)
+        return self.problem in (
+            RankProblem.MISSING,
+            RankProblem.DIED,
+            RankProblem.ZOMBIE,
+            RankProblem.STOPPED,
+        )
 
 
 def judge_ranks(
@@ -53,9 +59,19 @@ def judge_ranks(
     ready). Until then, fewer schedulers than expected means they are still being spawned.
     """
     schedulers = [p for p in processes if is_scheduler_title(p.title)]
-    zombies = tuple(p.pid for p in schedulers if p.is_zombie)
+    died = [p for p in schedulers if p.is_zombie and p.exit_status]
+    zombies = tuple(p.pid for p in schedulers if p.is_zombie and not p.exit_status)
     stopped = tuple(p.pid for p in schedulers if p.is_stopped)
     alive = sum(1 for p in schedulers if not p.is_zombie and p.state != "X")
+    if died:
+        # Seen the moment it exits (its pidfd), before SGLang reaps it: a death, not a zombie.
+        return RankVerdict(
+            problem=RankProblem.DIED,
+            expected=expected,
+            alive=alive,
+            pids=tuple(p.pid for p in died),
+            detail="; ".join(f"scheduler pid {p.pid} {describe_wait(p.exit_status)}" for p in died),
+        )
     if zombies:
         return RankVerdict(
             problem=RankProblem.ZOMBIE,
@@ -81,3 +97,12 @@ def judge_ranks(
             detail=f"{alive} of {expected} scheduler processes alive",
         )
     return RankVerdict(problem=RankProblem.OK, expected=expected, alive=alive)
+
+
+def describe_wait(status: int | None) -> str:
+    """A wait(2) status in words: "killed by signal 9" or "exited with status 1"."""
+    if status is None:
+        return "exited"
+    if status & 0x7F:
+        return f"killed by signal {status & 0x7F}"
+    return f"exited with status {status >> 8}"

@@ -74,6 +74,16 @@ class ServerHandle(Protocol):
         """The last lines of the server's output (already redacted)."""
         ...
 
+    def charged_bytes(self) -> int | None:
+        """anon + shmem of the whole tree as the kernel charges its cgroup (one read); None
+        when it has no cgroup with a memory controller: sum the members' Rss instead."""
+        ...
+
+    @property
+    def memory_released(self) -> int:
+        """Processes of the tree whose memory process_mrelease handed back after a kill."""
+        ...
+
 
 class LaunchedServer(ServerHandle, Protocol):
     """What the run loop needs of a launched server tree (adapters.server_process)."""
@@ -102,6 +112,19 @@ class LaunchedServer(ServerHandle, Protocol):
 
     def drain_output(self, timeout_s: float) -> None:
         """Wait until the server's output has been read to its end."""
+        ...
+
+    @property
+    def mode(self) -> str:
+        """How the tree is contained and read: a cgroup mode, or "/proc"."""
+        ...
+
+    def mark_ready(self) -> None:
+        """The server is ready: its membership has settled."""
+        ...
+
+    def watch_exits(self, notify: Callable[[], None]) -> None:
+        """From now on call `notify` (from any thread) when a process of the tree exits."""
         ...
 
     def close(self) -> None: ...

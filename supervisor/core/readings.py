@@ -46,6 +46,7 @@ class ProcessInfo:
     rss_file_bytes: int = 0  # mmapped weights: reclaimable, never a reason to act
     threads: int = 1
     start_ticks: int = 0  # clock ticks since boot: with the PID, names one process (no reuse)
+    exit_status: int | None = None  # a zombie's wait status (/proc/PID/stat field 52)
 
     @property
     def charged_bytes(self) -> int:

@@ -121,6 +121,8 @@ class MemoryGuard:
 
     def on_death(self, report: DeathReport) -> None:
         """Death hook: note the classification in the incident, then restart smaller."""
+        if self.dog is not None:
+            self.dog.wait_reported()
         if self.dog is not None and self.dog.incident is not None:
             self.incident = self.dog.incident
             self.incident.record_next(

@@ -1,8 +1,9 @@
 """The host-memory watchdog thread: read → core.policy.decide → act → tell the runner.
 
 Runs beside the runner's main loop (which may sit in a 25 s health check) and acts on its own:
-in a memory emergency it SIGKILLs the whole server tree at once (group + subreaper escapees via
-the server handle's kill_all), hands the memory back with process_mrelease, writes the incident
+in a memory emergency it SIGKILLs the whole server tree at once (the server handle's kill_all:
+cgroup.kill, or the group and every member's pidfd, each followed by process_mrelease at once),
+writes the incident
 and posts a WatchdogEvent; the runner classifies the death as memory_kill, waits for the GPUs
 (run/gpu_wait.py) and relaunches smaller (memory/restart_smaller.py). It never queries NVML:
 the GPU snapshot in an incident is the guard's last one.
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import structlog
 
-from supervisor.adapters import reclaim
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.host import HostProbe, HostReadError
 from supervisor.adapters.psi import MemoryPressure, read_memory_pressure
@@ -85,6 +85,7 @@ class MemoryWatchdog:
         self.read_host = read_host or system_host_source(server.pid)
         self.read_psi = read_psi
         self.tree_view = tree_view or (lambda tree: tree)
+        self._plain_view = tree_view is None
         self.gpu_snapshot = gpu_snapshot
         self.state_dir = state_dir
         self.run_id = run_id
@@ -99,6 +100,10 @@ class MemoryWatchdog:
         self.streak = 0
         self.terminated_at_s: float | None = None
         self.killed_at_s: float | None = None
+        # Set while a kill or terminate is being acted on and reported: the run loop may learn
+        # of the death (the tree's exit events) before the incident is written.
+        self.acting = threading.Event()
+        self.reported = threading.Event()
         self.gone_at_s: float | None = None
         self.incident: Incident | None = None
         self.last: Decision | None = None
@@ -115,6 +120,11 @@ class MemoryWatchdog:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="memory-watchdog", daemon=True)
         self._thread.start()
+
+    def wait_reported(self, timeout_s: float = 5.0) -> None:
+        """If a kill or terminate is under way, wait until its incident is written and posted."""
+        if self.acting.is_set():
+            self.reported.wait(timeout_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
@@ -165,7 +175,10 @@ class MemoryWatchdog:
             raw = self.server.refresh(self._raw)
         self._raw = raw
         self.tree = self.tree_view(raw)
-        charged = sum(p.charged_bytes for p in self.tree)
+        # The cgroup's own charge when it has one (one read, escapees included); a test's
+        # tree_view rescales members, so its sum is used then.
+        kernel = self.server.charged_bytes() if self._plain_view else None
+        charged = kernel if kernel is not None else sum(p.charged_bytes for p in self.tree)
         try:
             host = self.read_host(self.tree)
             available = host.usable_bytes
@@ -233,21 +246,17 @@ class MemoryWatchdog:
     # -- acting ------------------------------------------------------------------------------
 
     def _kill(self, decision: Decision) -> None:
-        pidfds = [
-            fd
-            for fd in (reclaim.open_pidfd(p.pid) for p in self.tree if not p.is_zombie)
-            if fd is not None
-        ]
+        self.acting.set()
+        self.reported.clear()
         pids = self.server.kill_all(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.killed_at_s = self.clock.monotonic()
-        reclaimed = reclaim.release_memory(pidfds)
         log.error(
             "server_killed",
             cause="memory_kill",
             reason=decision.reason,
             pids=list(pids),
             predicted=decision.predicted,
-            mrelease=reclaimed,
+            mrelease=self.server.memory_released,
             **self._numbers(),
         )
         self.incident = self._write_incident("memory_kill", decision)
@@ -264,8 +273,11 @@ class MemoryWatchdog:
                 predicted=decision.predicted,
             )
         )
+        self.reported.set()
 
     def _terminate(self, decision: Decision) -> None:
+        self.acting.set()
+        self.reported.clear()
         self.server.terminate(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.terminated_at_s = self.clock.monotonic()
         log.error(
@@ -286,6 +298,7 @@ class MemoryWatchdog:
                 incident_path=str(self.incident.path) if self.incident else None,
             )
         )
+        self.reported.set()
 
     def _write_incident(self, kind: str, decision: Decision) -> Incident | None:
         if self.state_dir is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from supervisor.core.events import Event, SignalEvent
+from supervisor.core.events import Event, SignalEvent, WakeEvent
 from supervisor.core.ports import Clock, EventQueue
 
 # Wake at least this often: a 300 s backoff must still feed WatchdogSec=60.
@@ -51,5 +51,5 @@ class EventClock:
             event = self._events.get(min(left, _MAX_SLICE_S))
             if isinstance(event, SignalEvent):
                 raise StopRequested(event)
-            if event is not None:
+            if event is not None and not isinstance(event, WakeEvent):  # no server to look at
                 self.held.append(event)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from supervisor.config import RunConfig
 from supervisor.core.classify import FailureKind
+from supervisor.core.events import Wake, WakeEvent
 from supervisor.core.lifecycle import (
     HealthStatus,
     ServerState,
@@ -32,15 +33,19 @@ from supervisor.run.plugins import RunnerIO
 # Memory counts as load progress only when it passes the previous peak by this much: a loading
 # rank grows by GBs, an idle Python process wobbles by a few MiB.
 PROGRESS_MIN_GROWTH_BYTES = 64 * MiB
-# Readiness polling while loading: often enough to notice "ready" quickly, cheap for a 20-min load.
-STARTUP_POLL_S = 1.0
+# Readiness polling while loading: a ready server is noticed within this (the answer wakes the
+# loop when it arrives); cheap for a 20-min load, as /proc is rescanned at most once a second.
+STARTUP_POLL_S = 0.2
 # Once ready the tree is stable: the ranks are re-read from /proc/PID/status every tick and the
 # whole of /proc rescanned this often. A full scan every second was ~0.3 % of a core at idle,
 # most of the supervisor's idle cost; kill_all() rescans on its own, so escapees are still found.
 READY_RESCAN_S = 10.0
+# Once ready a rank's death is an event (its pidfd); the tick still catches a stopped rank (T).
+READY_TICK_S = 1.0
 
 _RANK_KIND = {
     RankProblem.MISSING: FailureKind.RANK_CRASH,
+    RankProblem.DIED: FailureKind.RANK_CRASH,
     RankProblem.ZOMBIE: FailureKind.RANK_ZOMBIE,
     RankProblem.STOPPED: FailureKind.RANK_STOPPED,
 }
@@ -66,6 +71,7 @@ class LaunchMonitor:
         clock: Clock,
         gpu_used_bytes: Callable[[], int] | None = None,
         executor: concurrent.futures.Executor | None = None,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.server = server
         self.run = run
@@ -73,6 +79,7 @@ class LaunchMonitor:
         self.clock = clock
         self.gpu_used_bytes = gpu_used_bytes
         self._probe = probe
+        self._wake = wake
         self._pool = executor or concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="health-probe"
         )
@@ -88,6 +95,8 @@ class LaunchMonitor:
 
     @property
     def tick_s(self) -> float:
+        if self.state is ServerState.READY:
+            return min(READY_TICK_S, self.run.health_interval_s)
         return min(STARTUP_POLL_S, self.run.health_interval_s)
 
     def close(self) -> None:
@@ -117,6 +126,10 @@ class LaunchMonitor:
         if state is ServerState.READY:
             self.ready_since_s = self.clock.monotonic()
             self.all_ranks_seen = True
+            self.server.mark_ready()
+            # From now on every rank must be there: read them all once more.
+            self._tree = self.server.tree()
+            self._scanned_s = self.ready_since_s
 
     def _read_tree(self, now: float) -> tuple[ProcessInfo, ...]:
         if self.state is ServerState.READY and now - self._scanned_s < READY_RESCAN_S:
@@ -173,6 +186,8 @@ class LaunchMonitor:
         if self._pending is None and now - self._last_probe_s >= interval_s:
             self._last_probe_s = now
             self._pending = self._pool.submit(self._probe)
+            # The answer wakes the run loop at once, not at its next tick.
+            self._pending.add_done_callback(lambda _done: self._wake())
 
     def _collect_probe(self) -> HealthStatus | None:
         if self._pending is None or not self._pending.done():
@@ -192,7 +207,7 @@ def gpu_used_on(gpus: tuple[GpuState, ...] | None, indices: tuple[int, ...]) -> 
 def monitor_for(
     server: LaunchedServer, io: RunnerIO, run: RunConfig, plan: LaunchPlan
 ) -> LaunchMonitor:
-    """The monitor of one launch, wired to the runner's probe, GPUs and executor."""
+    """The monitor of one launch, wired to the runner's probe, GPUs, executor and queue."""
     sensor = io.sensor
     make_executor = io.probe_executor
     return LaunchMonitor(
@@ -207,4 +222,5 @@ def monitor_for(
             else None
         ),
         executor=make_executor() if make_executor is not None else None,
+        wake=lambda: io.events.put(WakeEvent(Wake.PROBE_DONE)),
     )

@@ -25,6 +25,8 @@ from supervisor.core.events import (
     KillReason,
     MemoryAction,
     SignalEvent,
+    Wake,
+    WakeEvent,
     WatchdogEvent,
 )
 from supervisor.core.lifecycle import ServerState, check_transition
@@ -227,8 +229,9 @@ class Runner:
             on_line=self.sizing.feed,
         )
         self._launched_argv = argv
+        server.watch_exits(lambda: self.events.put(WakeEvent(Wake.TREE_CHANGED)))
         structlog.contextvars.bind_contextvars(server_pid=server.pid)
-        log.info("server_launched", pid=server.pid, pgid=server.pgid)
+        log.info("server_launched", pid=server.pid, pgid=server.pgid, mode=server.mode)
         try:
             marks = processes.marks(server.pid)
             launch.record_launch(
@@ -252,13 +255,13 @@ class Runner:
     def advance_startup(self, monitor: LaunchMonitor, new: ServerState) -> None:
         if self.state is ServerState.LAUNCHING and new is not ServerState.LOADING:
             self.set_state(ServerState.LOADING)
+        monitor.mark_state(new)  # at ready: every member read once more
         if new is ServerState.READY:
             # Recorded before `ready` is announced, so whoever reacts to it finds every PID.
             launch.record_tree(self.store, monitor.server)
             measured, at = self.sizing.measurement(), self.clock.wall()
             launch.record_measurement(self.settings, self.fit, self._launched_argv, measured, at)
         self.set_state(new)
-        monitor.mark_state(new)
         if new is ServerState.READY:
             self.notifier.ready(self._status_line())
 

@@ -75,3 +75,27 @@ def test_watchdog_interval_is_half_of_watchdog_usec_and_only_for_this_pid():
     assert SdNotifier({"WATCHDOG_USEC": "60000000"}).watchdog_interval_s == 30.0
     assert SdNotifier({**env, "WATCHDOG_PID": "1"}).watchdog_interval_s is None
     assert SdNotifier({"WATCHDOG_USEC": "junk"}).watchdog_interval_s is None
+
+
+def test_a_receiver_that_stopped_reading_never_blocks_the_supervisor(abstract_socket):
+    """A full datagram queue (net.unix.max_dgram_qlen) drops the message and counts it."""
+    _sock, address = abstract_socket
+    notifier = SdNotifier({"NOTIFY_SOCKET": address})
+    sent = [notifier.status(f"loading {i}") for i in range(200)]  # nobody reads meanwhile
+    assert not all(sent)
+    assert notifier.errors == sent.count(False)
+
+
+def test_timeout_extensions_are_sent_at_most_once_a_second(abstract_socket):
+    sock, address = abstract_socket
+    now = [100.0]
+    notifier = SdNotifier({"NOTIFY_SOCKET": address}, monotonic=lambda: now[0])
+    assert notifier.extend_timeout(90)
+    now[0] += 0.5
+    assert not notifier.extend_timeout(91)  # within the second: not sent
+    now[0] += 0.5
+    assert notifier.extend_timeout(92)
+    assert [sock.recv(4096) for _ in range(2)] == [
+        b"EXTEND_TIMEOUT_USEC=90000000",
+        b"EXTEND_TIMEOUT_USEC=92000000",
+    ]

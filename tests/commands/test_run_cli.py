@@ -47,6 +47,8 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
         ("", ["--health-interval", "0s"], "run.health_interval must be positive"),
         ("", ["--health-interval", "soon"], "--health-interval"),
         ("", ["--oom-score-adj", "5000"], "run.oom_score_adj"),
+        ('[run]\ncgroup = "maybe"\n', [], "run.cgroup must be auto or off"),
+        ("", ["--cgroup", "maybe"], "--cgroup"),
         ("", ["--server-command", "/nonexistent/python -m x"], "/nonexistent/python: no such file"),
         ("", ["--server-command", "'unterminated"], "--server-command"),
         ("", ["--server-command", "no-such-program-xyz"], "not found on PATH"),

@@ -57,3 +57,21 @@ def test_titles():
     assert is_scheduler_title("sglang::scheduler_DP0_TP0_EP0")
     assert not is_scheduler_title("sglang::detokenizer")
     assert not is_scheduler_title("python sglang::scheduler")
+
+
+@pytest.mark.parametrize(
+    ("status", "words"),
+    [(9, "killed by signal 9"), (1 << 8, "exited with status 1")],
+)
+def test_a_rank_seen_the_moment_it_died_is_a_death_not_a_zombie(status, words):
+    """Its pidfd wakes us before SGLang reaps it: the wait status says how it ended."""
+    dead = ProcessInfo(
+        pid=11, ppid=1, pgid=1, state="Z", title="sglang::scheduler_TP1", exit_status=status
+    )
+    verdict = judge_ranks([proc(10, "sglang::scheduler_TP0"), dead], 2, True)
+    assert verdict.problem is RankProblem.DIED
+    assert verdict.detail == f"scheduler pid 11 {words}"
+    unreaped = ProcessInfo(
+        pid=11, ppid=1, pgid=1, state="Z", title="sglang::scheduler_TP1", exit_status=0
+    )
+    assert judge_ranks([unreaped], 2, True).problem is RankProblem.ZOMBIE

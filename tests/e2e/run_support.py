@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from supervisor.adapters.cgroup import CgroupError, discover
+from tests.cgroups import remove_instance_cgroups
 from tests.testing.support import MARKER_ENV, fake_server_env
 from tests.waiting import wait_until
 
@@ -43,6 +45,7 @@ main_overhead = "1MiB"
 [run]
 name = "{name}"
 state_dir = "{state_dir}"
+cgroup = "{cgroup}"
 health_interval = "0.2s"
 health_timeout = "2s"
 failure_threshold = 3
@@ -154,12 +157,41 @@ def marked_pids(marker: str) -> list[int]:
     return found
 
 
+# The whole e2e suite runs once per containment: scripts/test sets this to "off" for the /proc
+# run; "auto" uses a cgroup where this machine allows one (root, cgroup v2 mounted).
+CONTAINMENT = os.environ.get("SGLANG_SUPERVISOR_E2E_CGROUP", "auto")
+
+
+def expected_cgroup_mode() -> str:
+    """What `cgroup = "auto"` gives here: a cgroup for root where v2 is mounted, else /proc."""
+    try:
+        host = discover()
+    except CgroupError:
+        return "/proc"
+    if os.geteuid() != 0:
+        return "/proc"
+    offered = (host.v2_dir / "cgroup.controllers").read_text().split()
+    if "memory" in offered:
+        return "cgroup v2"
+    return "cgroup v2 + v1 memory" if host.memory_v1_dir else "cgroup v2, memory from /proc"
+
+
+def instance_name(tmp_path: Path) -> str:
+    """One instance name per test: leftover cleanup kills processes of the same instance, and
+    cgroups are named after it, so two suites running at once on one machine never share it."""
+    return "e2e-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
+
+
 def write_config(tmp_path: Path, state_dir: Path, extra: str = "", backend: str = "none") -> Path:
     path = tmp_path / f"run-{uuid.uuid4().hex[:6]}.toml"
-    # One instance name per test: leftover cleanup kills processes of the same instance, so two
-    # suites running at once on one machine must not share it.
-    name = "e2e-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
-    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir, backend=backend, name=name)
+    name = instance_name(tmp_path)
+    text = CONFIG.format(
+        model_config=MODEL_CONFIG,
+        state_dir=state_dir,
+        backend=backend,
+        name=name,
+        cgroup=CONTAINMENT,
+    )
     path.write_text(text + extra)
     return path
 
@@ -216,9 +248,12 @@ def supervisor(
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     sup = Supervisor(proc, log_path, state_dir, port, marker, notify=notify_sock)
+    passed = False
     try:
         yield sup
+        passed = True
     finally:
+        exited_itself = proc.poll() is not None and proc.returncode != -signal.SIGKILL
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
@@ -227,3 +262,6 @@ def supervisor(
                 os.kill(pid, signal.SIGKILL)
         if notify_sock is not None:
             notify_sock.close()
+        left = remove_instance_cgroups(instance_name(tmp_path))
+        if left and passed and exited_itself:
+            raise AssertionError(f"the supervisor left cgroups behind (removed now): {left}")

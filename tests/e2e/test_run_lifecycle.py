@@ -7,11 +7,12 @@ import os
 import re
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.e2e.run_support import marked_pids, supervisor
+from tests.e2e.run_support import CONTAINMENT, expected_cgroup_mode, marked_pids, supervisor
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -41,6 +42,8 @@ def test_ready_sends_ready_1_and_sigterm_stops_everything_with_exit_0(
         assert any(d.startswith("STATUS=loading") for d in before_ready)
         wait_until(lambda: "WATCHDOG=1" in sup.received(), timeout_s=10, what="WATCHDOG=1")
         assert set(sup.schedulers()) == {"sglang::scheduler_TP0", "sglang::scheduler_TP1"}
+        mode = sup.events("server_launched")[0]["mode"]
+        assert mode == ("/proc" if CONTAINMENT == "off" else expected_cgroup_mode())
         state = sup.state()
         assert state["run_id"] == sup.events("ready")[0]["run_id"]
         assert {p["pid"] for p in state["server_pids"]} >= set(sup.schedulers().values())
@@ -115,15 +118,35 @@ def test_sigterm_while_loading_exits_0_and_leaves_nothing(
         assert not sup.events("ready")
 
 
-def test_sigkill_of_the_supervisor_takes_the_tree_down_within_5_s(
+def test_sigkill_of_the_supervisor_takes_the_tree_down_and_the_next_start_cleans_up(
     tmp_path, free_port, simulated_process_guard
 ):
-    with supervisor(tmp_path, free_port, simulated_process_guard) as sup:
+    """PDEATHSIG takes the tree; tokenizer workers have none (SGLang), and multiprocessing's
+    resource tracker lives as long as they hold its pipe, so they stay in the server cgroup
+    until the next start of the instance kills them and, at its stop, removes the groups (the
+    harness checks that none is left)."""
+    args = ("--tp", "2", "--tokenizer-worker-num", "2")
+    with supervisor(tmp_path, free_port, simulated_process_guard, server_args=args) as sup:
         sup.wait_event("ready")
         assert len(sup.tree()) >= 3
         sup.signal(signal.SIGKILL)
         sup.wait_exit()
-        wait_until(lambda: not sup.tree(), timeout_s=5, what="server tree gone after SIGKILL")
+
+        def only_survivors_left() -> dict[int, str] | None:
+            left = _titles(sup.tree())
+            others = [t for t in left.values() if not _survives_pdeathsig(t)]
+            return left if left and not others else None
+
+        survivors = wait_until(only_survivors_left, timeout_s=5, what="the rest of the tree gone")
+        assert survivors is not None
+        assert sum(t.startswith("sglang::tokenizer_worker") for t in survivors.values()) == 2
+        with supervisor(tmp_path, free_port, simulated_process_guard) as again:
+            again.wait_event("ready")
+            cleaned = again.events("cgroup_leftovers_killed") + again.events("leftovers_killed")
+            assert cleaned, "the workers the first supervisor left were not cleaned"
+            assert not any(_alive(p) for p in survivors)
+            again.signal(signal.SIGTERM)
+            assert again.wait_exit() == 0
 
 
 @pytest.mark.parametrize("kind", ["setsid", "double_fork"])
@@ -213,3 +236,26 @@ def test_a_server_ignoring_sigterm_is_killed_after_the_grace_or_at_a_second_sign
         assert sup.wait_exit(timeout_s=20) == 0
         assert sup.events("stop_escalated")[0]["signal"] == "SIGINT"
         assert sup.tree() == []
+
+
+def _titles(pids: list[int]) -> dict[int, str]:
+    out = {}
+    for pid in pids:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        out[pid] = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _survives_pdeathsig(title: str) -> bool:
+    return title.startswith("sglang::tokenizer_worker") or "resource_tracker" in title

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.commands.demo import instance_name
+from tests.cgroups import instance_cgroups, remove_instance_cgroups
 from tests.e2e.run_support import ROOT, marked_pids
 from tests.waiting import wait_until
 
@@ -46,6 +48,7 @@ def test_demo_tells_the_whole_story_and_the_override_survives_a_restart(
         assert "server launching: 8 ranks, --hicache-size 36" in out
         assert "stopped cleanly" in out
         assert not marked_pids(simulated_process_guard), "the demo left processes behind"
+        assert not instance_cgroups(instance_name(workdir)), "the demo left cgroups behind"
 
         state_dir = workdir / "state"
         state = json.loads((state_dir / "state.json").read_text())
@@ -93,6 +96,7 @@ def test_demo_tells_the_whole_story_and_the_override_survives_a_restart(
     finally:
         import shutil
 
+        remove_instance_cgroups(instance_name(workdir))
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.run_support import MODEL_CONFIG, ROOT, SERVER_COMMAND, marked_pids
+from tests.cgroups import remove_instance_cgroups
+from tests.e2e.run_support import CONTAINMENT, MODEL_CONFIG, ROOT, SERVER_COMMAND, marked_pids
 from tests.testing.support import fake_server_env
 from tests.waiting import wait_until
 
@@ -39,6 +40,7 @@ main_overhead = "30MiB"
 [run]
 name = "{name}"
 state_dir = "{state_dir}"
+cgroup = "{cgroup}"
 health_interval = "0.3s"
 health_timeout = "2s"
 stop_grace = "5s"
@@ -102,7 +104,9 @@ def supervised(
     # One instance name per test: a supervisor starting kills every live process carrying its
     # instance's marker as a leftover, so two suites on one machine must never share a name.
     name = f"wd-{uuid.uuid4().hex[:10]}"
-    text = CONFIG.format(model_config=MODEL_CONFIG, state_dir=state_dir, reset=reset, name=name)
+    text = CONFIG.format(
+        model_config=MODEL_CONFIG, state_dir=state_dir, reset=reset, name=name, cgroup=CONTAINMENT
+    )
     config.write_text(text)
     env = fake_server_env(scenario, state_dir=gpus)
     log_path = tmp_path / "supervisor.log"
@@ -111,15 +115,21 @@ def supervised(
     argv += ["--model-path", "fake/model", "--port", str(port), "--tp", "2"]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    passed = False
     try:
         yield Run(proc, log_path, state_dir)
+        passed = True
     finally:
+        exited_itself = proc.poll() is not None and proc.returncode != -signal.SIGKILL
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=10)
         for pid in marked_pids(marker):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        left = remove_instance_cgroups(name)
+        if left and passed and exited_itself:
+            raise AssertionError(f"the supervisor left cgroups behind (removed now): {left}")
 
 
 def test_a_leaking_rank_gets_the_whole_group_killed_and_the_server_relaunched(

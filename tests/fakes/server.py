@@ -41,6 +41,9 @@ class FakeServer:
         self.terminated = 0
         self.closed = False
         self.exit_on_term: ExitStatus | None = ExitStatus(exit_code=0, signal_number=None)
+        self.kernel_charged_bytes: int | None = None  # what a cgroup would say; None: /proc
+        self.ready_marked = False
+        self.notify_exit: Callable[[], None] | None = None  # the runner's exit callback
 
     # -- what the test does ----------------------------------------------------------------
 
@@ -120,6 +123,23 @@ class FakeServer:
 
     def close(self) -> None:
         self.closed = True
+
+    def charged_bytes(self) -> int | None:
+        return self.kernel_charged_bytes
+
+    @property
+    def memory_released(self) -> int:
+        return 0
+
+    @property
+    def mode(self) -> str:
+        return "fake"
+
+    def mark_ready(self) -> None:
+        self.ready_marked = True
+
+    def watch_exits(self, notify: Callable[[], None]) -> None:
+        self.notify_exit = notify
 
 
 class FakeLauncher:

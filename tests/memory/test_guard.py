@@ -132,14 +132,20 @@ def test_the_incident_follows_classification_shrink_and_relaunch(tmp_path: Path)
     assert incident is not None
 
     class Dog:
-        pass
+        """The guard reads .incident, after waiting for the kill to be reported."""
+
+        waited = False
+
+        def wait_reported(self) -> None:
+            self.waited = True
 
     dog = Dog()
-    dog.incident = incident  # type: ignore[attr-defined]  # the guard only reads .incident
+    dog.incident = incident  # type: ignore[attr-defined]
     protection.dog = dog  # type: ignore[assignment]
     protection.on_death(_report(store, FailureKind.MEMORY_KILL))
     steps = [s["step"] for s in json.loads(incident.path.read_text())["next"]]
     assert steps == ["classified", "restart_smaller"]
+    assert dog.waited
 
 
 def test_a_ratio_pool_is_shrunk_from_the_launch_s_own_report_without_a_second_preflight(

@@ -31,6 +31,7 @@ class FakeTree:
         self.killed: list[KillReason] = []
         self.terminations: list[KillReason] = []
         self.scans = 0
+        self.kernel_charged_bytes: int | None = None  # a cgroup's memory.stat; None: /proc
 
     def info(self, pid: int) -> ProcessInfo:
         mem = self.ranks[pid]
@@ -61,6 +62,13 @@ class FakeTree:
 
     def terminate(self, reason: KillReason) -> None:
         self.terminations.append(reason)
+
+    def charged_bytes(self) -> int | None:
+        return self.kernel_charged_bytes
+
+    @property
+    def memory_released(self) -> int:
+        return len(self.killed)
 
     def tail(self) -> tuple[str, ...]:
         return ("loading", "server args: --api-key hunter2 --tp 4", "HF_TOKEN=abc123 set")

@@ -354,3 +354,32 @@ def test_a_launch_without_sizing_lines_files_nothing(tmp_path: Path):
         assert run.run() == 0
     assert any(e["event"] == "sizing_not_measured" for e in logs)
     assert load_records(tmp_path) == ((), None)
+
+
+def test_a_rank_s_exit_is_acted_on_when_it_happens_not_at_the_next_tick(tmp_path: Path):
+    """The tree's exit watcher wakes the loop (a WakeEvent); the 1 s tick would be later."""
+    w = world(tmp_path)
+    run = runner(w, settings(tmp_path))
+    crash_at = LOAD_S + WARM_S + 10.25  # between two 1 s ticks
+    killed_at: list[float] = []
+
+    def crash() -> None:
+        server = w.server
+        kill_all = server.kill_all
+
+        def timed_kill(reason: KillReason) -> tuple[int, ...]:
+            killed_at.append(w.clock.now)
+            return kill_all(reason)
+
+        server.kill_all = timed_kill  # type: ignore[method-assign]
+        server.crash_rank(1)
+        assert server.notify_exit is not None  # the runner asked to hear of exits
+        server.notify_exit()
+
+    w.events.call_at(crash_at, crash)
+    w.events.at(crash_at + 30.0, SIGTERM)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    assert killed_at[0] == crash_at
+    unhealthy = next(e for e in logs if e["event"] == "unhealthy")
+    assert unhealthy["cause"] == "rank_crash"

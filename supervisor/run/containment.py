@@ -1,0 +1,75 @@
+"""Which containment a `run` uses: a cgroup of its own for the server tree when this host lets
+the supervisor make one, else /proc (process group, subreaper, scans), said once in the log.
+
+The groups are made under the supervisor's own cgroup, named per instance, after the instance's
+lock is held (run/state.py `claim`), so emptying a leftover `server` group of a crashed
+supervisor can never hit another live supervisor's tree. They are removed when `run` ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import structlog
+
+from supervisor.adapters.cgroup import CgroupError, InstanceCgroups, ServerCgroup, discover
+
+log = structlog.get_logger("supervisor.run")
+
+# How long a leftover tree in the group gets to die after cgroup.kill (unpinning can take tens
+# of seconds for hundreds of GB).
+LEFTOVER_WAIT_S = 60.0
+
+
+@dataclass
+class Containment:
+    mode: str  # "cgroup v2 + v1 memory", "cgroup v2", ... or "/proc"
+    server: ServerCgroup | None = None
+    groups: InstanceCgroups | None = None
+    reason: str | None = None  # why /proc, when it is
+    leftovers: list[int] = field(default_factory=list)
+
+
+def contain(instance: str, setting: str) -> Containment:
+    """Make and enter the instance's groups (`setting` "auto"), or use /proc ("off", or no
+    cgroup to be had: the reason is logged as a warning, never raised)."""
+    if setting == "off":
+        return _proc("cgroup = off")
+    try:
+        host = discover()
+    except CgroupError as exc:
+        return _proc(str(exc))
+    groups = InstanceCgroups(host, instance)
+    try:
+        server = groups.create(move_self=True)
+        leftovers = server.empty_leftovers(LEFTOVER_WAIT_S)
+    except CgroupError as exc:
+        problems = groups.remove()
+        return _proc(f"{exc}" + (f" (and {'; '.join(problems)})" if problems else ""))
+    if leftovers:
+        log.warning("cgroup_leftovers_killed", pids=leftovers, group=str(server.group))
+    log.info("containment", mode=server.mode, group=str(server.group))
+    return Containment(mode=server.mode, server=server, groups=groups, leftovers=leftovers)
+
+
+def _proc(reason: str) -> Containment:
+    log.warning("containment", mode="/proc", reason=reason)
+    return Containment(mode="/proc", reason=reason)
+
+
+def release(containment: Containment) -> None:
+    """At the end of `run`: kill whatever is still in the server group (a tokenizer worker has no
+    PDEATHSIG), then leave and remove every group."""
+    server, groups = containment.server, containment.groups
+    if server is None or groups is None:
+        return
+    try:
+        left = server.empty_leftovers(LEFTOVER_WAIT_S)
+    except CgroupError as exc:
+        left, problem = [], str(exc)
+        log.warning("cgroup_not_emptied", reason=problem)
+    if left:
+        log.warning("cgroup_leftovers_killed", pids=left, group=str(server.group))
+    problems = groups.remove()
+    if problems:
+        log.warning("cgroup_not_removed", problems=problems)

@@ -1,0 +1,73 @@
+"""The shared tree reader (kept-open /proc files) and the exit watcher (pidfds), for real."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+from supervisor.adapters.tree import ExitWatcher, TreeReader
+from tests.waiting import wait_until
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def test_members_are_reread_through_their_open_files_until_they_are_gone():
+    proc = subprocess.Popen(SLEEPER)
+    reader = TreeReader()
+    try:
+        (first,) = reader.read([proc.pid], titles=True)
+        assert first.pid == proc.pid
+        assert "time.sleep(60)" in first.title
+        assert proc.pid in reader.known()
+        assert proc.pid in reader.pidfds()
+        proc.kill()
+        proc.wait()
+        assert reader.read([proc.pid]) == ()  # reaped: the open files name nothing now
+        assert proc.pid not in reader.known()
+    finally:
+        reader.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_zombie_is_read_with_how_it_ended():
+    proc = subprocess.Popen(SLEEPER)
+    reader = TreeReader()
+    try:
+        reader.read([proc.pid])
+        proc.kill()  # not waited for: a zombie until reaped
+        zombie = wait_until(
+            lambda: z if (z := reader.read([proc.pid])) and z[0].is_zombie else None,
+            timeout_s=10,
+            what="the zombie",
+        )
+        assert zombie is not None
+        assert zombie[0].exit_status == 9  # wait status: killed by SIGKILL
+    finally:
+        reader.close()
+        proc.wait()
+
+
+def test_the_exit_watcher_calls_back_when_a_watched_process_exits():
+    proc = subprocess.Popen(SLEEPER)
+    reader = TreeReader()
+    exited: list[int] = []
+    seen = threading.Event()
+
+    def on_exit(pid: int) -> None:
+        exited.append(pid)
+        seen.set()
+
+    watcher = ExitWatcher(on_exit)
+    try:
+        reader.on_new_member = watcher.watch
+        reader.read([proc.pid])
+        proc.kill()
+        assert seen.wait(10.0)
+        assert exited == [proc.pid]
+    finally:
+        watcher.close()
+        reader.close()
+        proc.wait()
