@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Benchmark the supervisor's idle cost (not a test): `sglang-supervisor run` supervising the
-simulated server with 8 ranks on 8 simulated GPUs, measured once ready. Results: BENCHMARKS.md.
+simulated server, measured once ready. Results: BENCHMARKS.md.
 
-    .venv/bin/python scripts/bench_idle.py [--seconds 30]
+    .venv/bin/python scripts/bench_idle.py [--seconds 30] [--ranks 8] [--gpus 8] [--crowd 0]
+                                           [--cgroup auto|off]
 
+--gpus 0 runs without GPUs (backend none); --crowd N adds N sleeping host processes.
 CPU = utime + stime of the supervisor and its NVML worker over wall time; RSS = VmRSS.
 """
 
@@ -24,21 +26,25 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_watchdog import MiB, free_port, http_ok, wait_for  # noqa: E402
+from bench_support import MiB, crowd, free_port, host_process_count, http_ok, wait_for  # noqa: E402
 
 from supervisor.testing import gpu_state  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def supervisor_command(workdir: Path, port: int) -> list[str]:
+def supervisor_command(workdir: Path, port: int, ranks: int, gpus: int, cgroup: str) -> list[str]:
     return [
         sys.executable,
         "-m",
         "supervisor",
         "run",
         "--gpu-backend",
-        "sim",
+        "sim" if gpus else "none",
+        "--cgroup",
+        cgroup,
+        "--name",
+        f"bench-idle-{os.getpid()}",
         "--state-dir",
         str(workdir / "state"),
         "--server-command",
@@ -50,7 +56,7 @@ def supervisor_command(workdir: Path, port: int) -> list[str]:
         "--model-path",
         "m",
         "--tp-size",
-        "8",
+        str(ranks),
         "--port",
         str(port),
     ]
@@ -84,18 +90,26 @@ def nvml_workers(parent: int) -> list[int]:
     return out
 
 
-def idle_cost(seconds: float) -> dict[str, float]:
-    """CPU (% of one core) and RSS of an idle `run` with 8 simulated ranks and GPUs."""
+def idle_cost(
+    seconds: float, ranks: int = 8, gpus: int = 8, extra: int = 0, cgroup: str = "auto"
+) -> dict[str, float | int | str]:
+    """CPU (% of one core) and RSS of an idle `run` supervising `ranks` simulated ranks."""
+    with crowd(extra):
+        return _idle_cost(seconds, ranks, gpus, cgroup) | {"host_processes": host_process_count()}
+
+
+def _idle_cost(seconds: float, ranks: int, gpus: int, cgroup: str) -> dict[str, float | int | str]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-idle-"))
-    gpus = workdir / "gpus"
-    gpu_state.create_gpus(gpus, 8, numa_nodes=2)
+    gpu_dir = workdir / "gpus"
     port = free_port()
     env = dict(os.environ)
-    env["FAKE_GPU_STATE_DIR"] = str(gpus)
+    if gpus:
+        gpu_state.create_gpus(gpu_dir, gpus, numa_nodes=2)
+        env["FAKE_GPU_STATE_DIR"] = str(gpu_dir)
     env["FAKE_SGLANG_BYTES_PER_GB"] = str(16 * 1024)
     env["FAKE_SGLANG_SCENARIO"] = json.dumps({"startup_s": 0.2})
     proc = subprocess.Popen(
-        supervisor_command(workdir, port),
+        supervisor_command(workdir, port, ranks, gpus, cgroup),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -111,6 +125,9 @@ def idle_cost(seconds: float) -> dict[str, float]:
         wall = time.monotonic() - t0
         used = sum(cpu_s(p) - before[p] for p in pids)
         return {
+            "ranks": ranks,
+            "gpus": gpus,
+            "cgroup": cgroup,
             "cpu_percent": 100 * used / wall,
             "rss_mib": rss_bytes(proc.pid) / MiB,
             "nvml_worker_rss_mib": sum(rss_bytes(w) for w in pids[1:]) / MiB,
@@ -125,8 +142,13 @@ def idle_cost(seconds: float) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--crowd", type=int, default=0)
+    parser.add_argument("--cgroup", choices=["auto", "off"], default="auto")
     args = parser.parse_args()
-    print(json.dumps(idle_cost(args.seconds)), flush=True)
+    cost = idle_cost(args.seconds, args.ranks, args.gpus, args.crowd, args.cgroup)
+    print(json.dumps(cost), flush=True)
     return 0
 
 

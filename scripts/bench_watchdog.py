@@ -27,7 +27,6 @@ import queue
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +41,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench_support import (  # noqa: E402
+    GB,
+    HOG,
+    MiB,
+    crowd,
+    free_port,
+    gone,
+    http_ok,
+    read_meminfo_available,
+    read_rss,
+    server_cgroup,
+    wait_for,
+)
+
+from supervisor.adapters.cgroup import ServerCgroup  # noqa: E402
 from supervisor.adapters.host import HostProbe  # noqa: E402
 from supervisor.adapters.server_process import ServerProcess  # noqa: E402
 from supervisor.core.classify import FailureKind  # noqa: E402
@@ -51,60 +64,18 @@ from supervisor.core.policy import Level, Limits  # noqa: E402
 from supervisor.core.redact import redact_line  # noqa: E402
 from supervisor.memory.watchdog import MemoryWatchdog  # noqa: E402
 
-MiB = 2**20
-GB = 10**9
 LEAK_CAP_BYTES = 1024 * MiB
 TREE_MARGIN_BYTES = 256 * MiB
 HOST_MARGIN_BYTES = 512 * MiB
 SAMPLE_S = 0.001
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def http_ok(port: int) -> bool:
-    import http.client
-
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        conn.close()
-
-
-def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-HOG = """
-import mmap, sys, time
-rate, cap, after = float(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-time.sleep(after)
-t0 = time.monotonic(); done = 0; keep = []
-while True:
-    due = min(cap, int((time.monotonic() - t0) * rate))
-    if due - done >= 1 << 20:
-        m = mmap.mmap(-1, due - done, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        for off in range(0, due - done, 4096):
-            m[off] = 1
-        keep.append(m); done = due
-    else:
-        time.sleep(0.002)
-"""
-
-
 def start_server(
-    rate_bytes_per_s: int, leak_after_s: float, workdir: Path, leaker: str
+    rate_bytes_per_s: int,
+    leak_after_s: float,
+    workdir: Path,
+    leaker: str,
+    group: ServerCgroup | None = None,
 ) -> ServerProcess:
     """The simulated SGLang server (2 ranks, rank 0 leaks), or a bare hog process: the fake's
     ranks touch pages inside a 20 ms event loop and top out near 0.5 GB/s on this VM."""
@@ -117,6 +88,7 @@ def start_server(
             run_id=uuid.uuid4().hex,
             sink=lambda line: None,
             redact=redact_line,
+            cgroup=group,
         )
     scenario = {
         "startup_s": 0.1,
@@ -136,42 +108,10 @@ def start_server(
     argv = [sys.executable, "-m", "supervisor.testing.fake_sglang", "--model-path", "m"]
     argv += ["--tp-size", "2", "--port", str(port)]
     server = ServerProcess.start(
-        argv, env, run_id=uuid.uuid4().hex, sink=lambda line: None, redact=redact_line
+        argv, env, run_id=uuid.uuid4().hex, sink=lambda line: None, redact=redact_line, cgroup=group
     )
     wait_for(lambda: http_ok(port), 60, "server ready")
     return server
-
-
-def read_meminfo_available() -> int:
-    with open("/proc/meminfo", "rb") as f:
-        for line in f:
-            if line.startswith(b"MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable")
-
-
-def read_rss(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            total = 0
-            for line in f:
-                if line.startswith((b"RssAnon:", b"RssShmem:")):
-                    total += int(line.split()[1]) * 1024
-            return total
-    except OSError:
-        return None
-
-
-def gone(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in (b"Z", b"X"):
-            return False
-    return True
 
 
 @dataclass
@@ -237,6 +177,7 @@ class RunResult:
     overshoot_bytes: int
     ramp_bytes_per_s: float | None
     detail: str = ""
+    mreleased: int = 0  # processes whose memory process_mrelease handed back
 
 
 def limits_for(mode: str, baseline: int) -> tuple[int, Limits]:
@@ -293,9 +234,24 @@ def stop_earlyoom(eo: subprocess.Popen[str]) -> None:
         eo.stdout.close()
 
 
-def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) -> RunResult:
+def one_run(
+    mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str, use_cgroup: bool
+) -> RunResult:
+    with server_cgroup(use_cgroup) as group:
+        return _one_run(mode, tool, rate_gb_s, workdir, leaker, group)
+
+
+def _one_run(
+    mode: str,
+    tool: str,
+    rate_gb_s: float,
+    workdir: Path,
+    leaker: str,
+    group: ServerCgroup | None,
+) -> RunResult:
     # The leak starts after a pause long enough to measure the baseline first.
-    server = start_server(int(rate_gb_s * GB), leak_after_s=2.0, workdir=workdir, leaker=leaker)
+    rate = int(rate_gb_s * GB)
+    server = start_server(rate, leak_after_s=2.0, workdir=workdir, leaker=leaker, group=group)
     if leaker == "hog":
         time.sleep(0.5)  # the interpreter's own start-up allocations settle before the baseline
     tree = server.tree()
@@ -333,10 +289,12 @@ def one_run(mode: str, tool: str, rate_gb_s: float, workdir: Path, leaker: str) 
         server.reap()
         server.close()
     took_ms, overshoot, ramp = analyse(sample)
-    return RunResult(took_ms, overshoot, ramp, "" if took_ms is not None else "no kill seen")
+    result = RunResult(took_ms, overshoot, ramp, "" if took_ms is not None else "no kill seen")
+    result.mreleased = server.memory_released if tool == "watchdog" else 0
+    return result
 
 
-def summarize(results: list[RunResult]) -> dict[str, float | None]:
+def summarize(results: list[RunResult]) -> dict[str, object]:
     times = [r.crossing_to_gone_ms for r in results if r.crossing_to_gone_ms is not None]
     over = [r.overshoot_bytes / GB for r in results]
     ramps = [r.ramp_bytes_per_s / GB for r in results if r.ramp_bytes_per_s]
@@ -348,6 +306,8 @@ def summarize(results: list[RunResult]) -> dict[str, float | None]:
         "overshoot_median_gb": statistics.median(over) if over else None,
         "overshoot_max_gb": max(over) if over else None,
         "ramp_gb_s": statistics.median(ramps) if ramps else None,
+        "dropped": len(results) - len(times),
+        "mreleased": [r.mreleased for r in results],
     }
 
 
@@ -355,29 +315,26 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--rates", default="0.5,2,6")
+    parser.add_argument("--crowd", type=int, default=0, help="sleeping host processes beside")
+    parser.add_argument("--cgroup", choices=["auto", "off", "both"], default="both")
+    parser.add_argument("--lines", default="tree,host")
     parser.add_argument("--skip-idle", action="store_true")
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
+    cgroups = {"auto": [True], "off": [False], "both": [True, False]}[args.cgroup]
     have_earlyoom = shutil.which("earlyoom") is not None
     workdir = Path(tempfile.mkdtemp(prefix="bench-watchdog-"))
     report: dict[str, object] = {"rates": rates, "runs": args.runs, "earlyoom": have_earlyoom}
-    rows = []
+    report["crowd"] = args.crowd
     combos = [("fake", "tree", "watchdog"), ("hog", "tree", "watchdog")]
     combos.append(("hog", "host", "watchdog"))
     if have_earlyoom:
         combos.append(("hog", "host", "earlyoom"))
-    for rate in rates:
-        for leaker, mode, tool in combos:
-            if leaker == "fake" and rate > 0.5:
-                continue  # the simulated ranks cannot leak faster on this VM (see start_server)
-            results = [one_run(mode, tool, rate, workdir, leaker) for _ in range(args.runs)]
-            summary = summarize(results)
-            rows.append({"rate_gb_s": rate, "leaker": leaker, "mode": mode, "tool": tool})
-            rows[-1].update(summary)
-            print(json.dumps(rows[-1]), flush=True)
-    report["rows"] = rows
+    combos = [c for c in combos if c[1] in args.lines.split(",")]
+    with crowd(args.crowd):
+        report["rows"] = _rows(args.runs, rates, combos, cgroups, workdir)
     if not args.skip_idle:
         from bench_idle import idle_cost  # scripts/bench_idle.py, beside this file
 
@@ -387,6 +344,30 @@ def main() -> int:
         args.json.write_text(json.dumps(report, indent=2))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def _rows(
+    runs: int,
+    rates: list[float],
+    combos: list[tuple[str, str, str]],
+    cgroups: list[bool],
+    workdir: Path,
+) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for rate in rates:
+        for leaker, mode, tool in combos:
+            if leaker == "fake" and rate > 0.5:
+                continue  # the simulated ranks cannot leak faster on this VM (see start_server)
+            for use_cgroup in cgroups if tool == "watchdog" else [False]:
+                results = [
+                    one_run(mode, tool, rate, workdir, leaker, use_cgroup) for _ in range(runs)
+                ]
+                row: dict[str, object] = {"rate_gb_s": rate, "leaker": leaker, "mode": mode}
+                row.update(tool=tool, containment="cgroup" if use_cgroup else "/proc")
+                row.update(summarize(results))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

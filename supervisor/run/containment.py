@@ -30,9 +30,10 @@ class Containment:
     leftovers: list[int] = field(default_factory=list)
 
 
-def contain(instance: str, setting: str) -> Containment:
+def contain(instance: str, setting: str, *, move_self: bool = True) -> Containment:
     """Make and enter the instance's groups (`setting` "auto"), or use /proc ("off", or no
-    cgroup to be had: the reason is logged as a warning, never raised)."""
+    cgroup to be had: the reason is logged as a warning, never raised). `move_self` False
+    leaves this process where it is (tests)."""
     if setting == "off":
         return _proc("cgroup = off")
     try:
@@ -41,7 +42,7 @@ def contain(instance: str, setting: str) -> Containment:
         return _proc(str(exc))
     groups = InstanceCgroups(host, instance)
     try:
-        server = groups.create(move_self=True)
+        server = groups.create(move_self=move_self)
         leftovers = server.empty_leftovers(LEFTOVER_WAIT_S)
     except CgroupError as exc:
         problems = groups.remove()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.adapters.cgroup import CgroupError, InstanceCgroups, discover
+from supervisor.adapters.cgroup import CgroupError, InstanceCgroups, ServerCgroup, discover
 from supervisor.adapters.procfs import RUN_ENV
 from supervisor.adapters.server_process import OutputPump, ServerProcess
 from supervisor.core.classify import FailureKind
@@ -138,3 +138,31 @@ def test_in_a_cgroup_membership_is_the_group_and_one_kill_takes_everything(tmp_p
     finally:
         server.close()
         assert groups.remove() == []
+
+
+def test_a_cgroup_removed_under_us_falls_back_to_signals(tmp_path: Path):
+    """The group's files vanish (removed behind our back): the kill still lands, by pidfd."""
+    group_dir = tmp_path / "server"
+    group_dir.mkdir()
+    (group_dir / "cgroup.procs").write_text("")
+    fake = ServerCgroup(group_dir, None, v2_memory=False)
+    server = ServerProcess.start(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        dict(os.environ),
+        run_id="run-gone",
+        sink=lambda _line: None,
+        redact=lambda line: line,
+        cgroup=fake,
+    )
+    try:
+        assert server.mode == "/proc"  # the pid never showed up in the fake group's procs
+        (group_dir / "cgroup.procs").write_text(f"{server.pid}\n")
+        server.cgroup = fake  # as if it had: now remove the group under it
+        (group_dir / "cgroup.procs").unlink()
+        group_dir.rmdir()
+        server.kill_all(KillReason(FailureKind.RANK_CRASH, "test"))
+        status = wait_until(server.poll, timeout_s=10, what="the process killed anyway")
+        assert status is not None
+        assert status.signal_number == 9
+    finally:
+        server.close()

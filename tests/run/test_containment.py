@@ -44,3 +44,49 @@ def test_a_group_that_cannot_be_made_falls_back_to_proc(monkeypatch: pytest.Monk
     assert got.reason is not None
     assert "creating" in got.reason
     assert logs[-1]["mode"] == "/proc"
+
+
+def real_cgroups_or_skip() -> None:
+    import os
+
+    from supervisor.adapters.cgroup import discover
+
+    if os.geteuid() != 0:
+        pytest.skip("cgroups are made by root here")
+    try:
+        discover()
+    except CgroupError as exc:
+        pytest.skip(f"no cgroup v2 here: {exc}")
+
+
+def test_a_leftover_is_killed_at_the_next_start_and_everything_removed_at_the_end():
+    import subprocess
+    import sys
+    import uuid
+
+    real_cgroups_or_skip()
+    instance = f"unit-{uuid.uuid4().hex[:8]}"
+    first = contain(instance, "auto", move_self=False)
+    assert first.server is not None
+    files = first.server.join_files
+
+    def join() -> None:
+        for path in files:
+            with open(path, "w") as fh:
+                fh.write("0")
+
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=join)
+    try:
+        # A crashed supervisor's group, found by the next start of the same instance.
+        with capture_logs() as logs:
+            again = contain(instance, "auto", move_self=False)
+        assert again.leftovers == [left.pid]
+        assert left.wait(timeout=10) == -9
+        assert any(e["event"] == "cgroup_leftovers_killed" for e in logs)
+        release(again)
+        assert again.groups is not None
+        assert not again.groups.root.exists()
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait()
