@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -16,12 +17,13 @@ from typing import Any
 import psutil
 import pytest
 
-from supervisor.testing import gpu_state
+from supervisor.testing import gpu_state, shm
 from tests.testing.support import (
     MARKER_ENV,
     TEST_BYTES_PER_GB,
     FakeServer,
     fake_server_argv,
+    remove_recorded_shm,
 )
 from tests.testing.support import fake_server_env as _fake_server_env
 
@@ -183,3 +185,21 @@ def start_fake_server(tmp_path: Path, free_port: int) -> Iterator[Callable[..., 
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def shm_record(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """$FAKE_SGLANG_SHM_RECORD for the test: every simulated process it starts (directly or
+    through the supervisor) records its /dev/shm segments there; at teardown, after the servers
+    were killed, the recorded segments still present are unlinked and the record removed. A
+    test that asserts "nothing leaked" reads the record itself (tests.testing.support).
+    """
+    fd, name = tempfile.mkstemp(prefix="fake-sglang-shm-", suffix=".txt")
+    os.close(fd)
+    record = Path(name)
+    monkeypatch.setenv(shm.RECORD_ENV, str(record))
+    try:
+        yield record
+    finally:
+        remove_recorded_shm(record)
+        record.unlink(missing_ok=True)

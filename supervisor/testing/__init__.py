@@ -14,7 +14,11 @@ Environment variables
     FAKE_SGLANG_SCENARIO      JSON object of scenario keys (below); unset/empty = happy path.
     FAKE_SGLANG_BYTES_PER_GB  real bytes allocated per simulated GB (1e9 B); default 1048576
                               (1 MiB per GB). A 50 GB host pool at the default is 50 MiB.
-    FAKE_GPU_STATE_DIR        simulated GPUs (format below); unset = no GPU registration.
+    FAKE_GPU_STATE_DIR        simulated GPUs (format below); unset = no GPU registration; a
+                              directory without gpus.json: exit 2 before anything starts
+    FAKE_SGLANG_SHM_RECORD    a file each simulated process appends its /dev/shm segment names
+                              to, before creating them (test bookkeeping; unset = none)
+    SGLANG_USE_MESSAGE_QUEUE_BROADCASTER  false/0/no/n: no broadcaster segments (as SGLang)
     FAKE_SGLANG_MARKER        not read by the fake: every simulated process keeps its inherited
                               environment readable in /proc/PID/environ (SPT_NOENV=1), so the
                               test suite's leak guard finds them by this marker.
@@ -64,13 +68,17 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                            it holds GPU memory on the rank's GPU when holds_gpu, has no
                            PDEATHSIG, and exits by itself after lifetime_s
     gpu_release_delay_s    0     GPU memory of a dead rank stays used (PID still listed) this long
-    gpu_stuck              false GPU memory of a dead rank is never released, until fake_gpu_reset
+    gpu_stuck              false GPU memory of a dead rank is never released, until a reset
     exit_code_on_start     -     rank 0 exits with this code half-way through startup_s, outside
                                  Python's handlers (no SIGQUIT); the main process raises
                                  "RuntimeError: Rank 0 scheduler died during initialization
                                  (exit code: N). …", kills the tree and exits 1
     bad_flags              []    flags rejected like argparse: exit 2 before anything starts
     hang_nvml_s            -     written to the state dir: every fake_nvml call blocks this long
+    shm_segments           -     /dev/shm ring buffers: unset = SGLang's (below); N = rank 0
+                                 makes N (whatever the topology) and no other rank any; 0 = none
+    shm_sweep              false before anything starts, the main process runs SGLang's stale
+                                 /dev/shm sweep (below); SGLang 0.5.23's server never does
 
 Processes (SGLang 0.5.23; supervisor/testing/topology.py): the main process (title unchanged)
 serves HTTP; every child is a multiprocessing "spawn" child; nobody calls setsid, so all share
@@ -153,8 +161,11 @@ Signals and exit codes of the main process (supervisor/testing/stopping.py)
     0        a clean stop (above)
     1        a rank died during load ("RuntimeError: Rank I scheduler died during
              initialization (exit code: N). …"); setproctitle not installed
-    2        bad_flags hit, an argv the parser rejects, no --model-path, a bad scenario or a
-             FAKE_SGLANG_BYTES_PER_GB that is not a byte count
+    2        bad_flags hit, an argv the parser rejects, no --model-path, a bad scenario, a
+             FAKE_SGLANG_BYTES_PER_GB that is not a byte count, or a FAKE_GPU_STATE_DIR without
+             gpus.json ("fake_sglang: FAKE_GPU_STATE_DIR: simulated GPU state dir D holds no
+             gpus.json; create simulated GPUs with `python -m supervisor.testing.fake_gpu
+             create 8 --dir D`")
     3        the port is taken (uvicorn's STARTUP_FAILURE; SGLang with its warmup on instead
              retries /model_info for 2 minutes and kills itself, -9)
     -9, -15, -2  as above
@@ -186,12 +197,39 @@ Log lines (stderr, one flush per line; SGLang's "[YYYY-mm-dd HH:MM:SS{prefix}] .
               already in use
     and the stop and crash lines above.
 
+Shared memory (supervisor/testing/shm.py): SGLang's segments, in /dev/shm, named as
+utils/stale_shm_cleanup.py `make_shm_name` names them: sgl_shm_<kind>_<pid>_<8 hex>, pid the
+creating process. Each scheduler that writes a broadcaster group (the first rank of TP, and of
+attention TP / attention CP when narrower than TP; shm_broadcast.py `MessageQueue`) makes, as its
+load begins, sgl_shm_nodecheck_* (128 bytes, unlinked at once) and, when a reader of the group is
+on its node, sgl_shm_mq_* ((4 MiB + 1 + readers) × 6 bytes, scaled like every "GB": ~26 KiB at
+the default scale). With tokenizer workers the main process adds multi_tokenizer_args_{pid}
+(above). A ShutdownReq (clean stop) unlinks them; a SIGKILL of the tree (kill_process_tree, a
+process group, a cgroup) leaks them. They are SharedMemory segments, so multiprocessing's resource
+tracker, a child of the main process, unlinks the leftovers once every process holding it has
+exited, when it is not killed itself: a SIGKILL to the main process alone, or SIGTERM while
+loading, loses nothing ("resource_tracker: There appear to be N leaked shared_memory objects").
+Stale sweep (stale_shm_cleanup.py `cleanup_stale_shm`, run by SGLang's CI, not by its server):
+a file whose name carries a creator PID (sgl_shm_*: the second-to-last "_" field;
+multi_tokenizer_args_*: the last) is unlinked when that PID is not the sweeper's and os.kill(PID,
+0) fails with ESRCH (a zombie or a recycled PID counts as alive), logging "cleanup_stale_shm:
+removed N stale segment(s), freed X.X MiB". SGLang also unlinks pid-less families (sglang_loads_*,
+cuda.shm.*, nccl-*, sem.loky-*) unconditionally; the simulation leaves them to their owners.
+
 Simulated GPUs (FAKE_GPU_STATE_DIR; details in gpu_state.py): gpus.json lists N GPUs (index,
 uuid, name, total_bytes, numa_node, baseline_used_bytes); holders/gpu<I>-pid<P>.json, one file
 per holding process, written atomically; nvml.json {"hang_s"}. A holder counts while its PID is
 alive and not a zombie; after it dies its memory stays used (PID listed) for
 gpu_release_delay_s, then is released, or with gpu_stuck stays used with no PID listed until
-`python -m supervisor.testing.fake_gpu_reset INDEX|UUID`, which refuses (exit 255, nvidia-smi's
+`python -m supervisor.testing.fake_gpu reset INDEX|UUID` (alias: `python -m
+supervisor.testing.fake_gpu_reset INDEX|UUID`), which refuses (exit 255, nvidia-smi's
 message) while a live process holds that GPU. Read them through supervisor.testing.fake_nvml
-(pynvml-shaped), e.g. supervisor.preflight.sensors.open_sensor("sim").
+(pynvml-shaped), e.g. supervisor.preflight.sensors.open_sensor("sim"); with no usable state dir
+it raises pynvml's NVMLError_DriverNotLoaded, its message saying what is wrong and how to fix it.
+One command for them (supervisor/testing/fake_gpu.py; DIR defaults to $FAKE_GPU_STATE_DIR; bad
+input exits 2):
+    python -m supervisor.testing.fake_gpu create N [--dir DIR] [--total-bytes SIZE]
+        [--numa-nodes K] [--name NAME]      N idle GPUs (default H200, 143771 MiB, one node)
+    python -m supervisor.testing.fake_gpu reset INDEX|UUID [--dir DIR]     (exit 0, 6, 9, 255)
+    python -m supervisor.testing.fake_gpu list [--dir DIR] [--json]        GPUs and holders
 """

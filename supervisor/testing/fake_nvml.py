@@ -4,6 +4,11 @@
 Same names, argument order and return shapes as nvidia-ml-py for the calls the supervisor makes,
 raising the real `pynvml.NVMLError_*` classes with their real codes (the classes are re-exported,
 so `except module.NVMLError` works whichever module is in use). A contract test keeps it honest.
+
+No usable state dir (FAKE_GPU_STATE_DIR unset, missing, without gpus.json, or gpus.json gone or
+unreadable after nvmlInit) is a host without a driver: `NVMLError_DriverNotLoaded`, value
+NVML_ERROR_DRIVER_NOT_LOADED, whose message adds what is wrong and the command that creates
+simulated GPUs ("Driver Not Loaded: simulated GPU state dir D holds no gpus.json; create ...").
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from typing import Any
 
 import pynvml
 from pynvml import (
-    NVML_ERROR_DRIVER_NOT_LOADED,
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
     NVML_ERROR_UNINITIALIZED,
@@ -67,6 +71,25 @@ _state_dir: Path | None = None
 _explicit_dir: Path | None = None
 
 
+class SimDriverNotLoaded(NVMLError_DriverNotLoaded):  # type: ignore[misc]  # pynvml is untyped
+    """pynvml's DriverNotLoaded (same class tree, same `.value`) with the reason in its message.
+
+    pynvml's own message is only "Driver Not Loaded"; a test bed that is merely misconfigured
+    must say so, and how to fix it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}: {self.reason}"
+
+
+def _no_driver(directory: Path | None) -> SimDriverNotLoaded:
+    return SimDriverNotLoaded(gpu_state.state_dir_problem(directory) or "no simulated GPUs")
+
+
 @dataclass(frozen=True, slots=True)
 class _Handle:
     """Opaque device handle (pynvml returns a ctypes pointer; callers only pass it back)."""
@@ -103,7 +126,11 @@ def _dir() -> Path:
 
 
 def _gpus() -> tuple[gpu_state.SimGpu, ...]:
-    return gpu_state.read_gpus(_dir())
+    directory = _dir()
+    try:
+        return gpu_state.read_gpus(directory)
+    except (OSError, ValueError, KeyError, TypeError):
+        raise _no_driver(directory) from None  # the state dir went away under a live handle
 
 
 def _gpu(handle: _Handle) -> gpu_state.SimGpu:
@@ -120,8 +147,8 @@ def nvmlInit() -> None:
     global _refcount, _state_dir
     _hang()
     directory = _explicit_dir or _env_dir()
-    if directory is None or not (directory / gpu_state.GPUS_FILE).is_file():
-        raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+    if gpu_state.state_dir_problem(directory) is not None:
+        raise _no_driver(directory)
     with _lock:
         _state_dir = directory
         _refcount += 1

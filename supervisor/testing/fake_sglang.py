@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import NoReturn
 
-from supervisor.testing import endpoints, gpu_state, stopping, topology
+from supervisor.testing import endpoints, gpu_state, shm, stopping, topology
 from supervisor.testing.args import PROG, SimArgs, SimArgsError, parse_sim_args
 from supervisor.testing.children import ChildSpec, run_child
 from supervisor.testing.endpoints import RankLink
@@ -88,9 +88,24 @@ class Launcher:
                 runtime_real_bytes=self._scaled(self.scenario.runtime_gb * GB),
                 gpu_total_bytes=s.gpu_total_bytes,
                 memory=s.memory,
+                broadcasts=self._broadcasts(i, place),
             )
             for i, place in enumerate(self.procs.ranks)
         ]
+
+    def _broadcasts(self, rank: int, place: topology.RankPlace) -> tuple[int | None, ...]:
+        """The /dev/shm ring buffers rank `rank` writes (scaled real sizes; None: none, only the
+        node check), or the scenario's `shm_segments` count on rank 0 instead."""
+        wanted = self.scenario.shm_segments
+        if wanted is not None:
+            return (self._scaled(shm.mq_bytes(1)),) * wanted if rank == 0 else ()
+        # environ.py EnvBool: an unparsable value falls back to the default (on).
+        flag = os.environ.get("SGLANG_USE_MESSAGE_QUEUE_BROADCASTER", "true").lower()
+        if flag in ("false", "0", "no", "n"):
+            return ()
+        return tuple(
+            self._scaled(shm.mq_bytes(readers)) if readers else None for readers in place.broadcasts
+        )
 
     def _spawn(self, spec: RankSpec | ChildSpec) -> tuple[BaseProcess, RankLink]:
         ctx = multiprocessing.get_context("spawn")
@@ -170,6 +185,14 @@ class Launcher:
         return watchdog
 
     def run(self) -> None:
+        if self.scenario.shm_sweep:
+            removed, freed = shm.sweep_stale()
+            if removed:  # stale_shm_cleanup.py logs only when it removed something
+                log(
+                    "",
+                    f"cleanup_stale_shm: removed {removed} stale segment(s), "
+                    f"freed {freed / (1 << 20):.1f} MiB",
+                )
         if self.state_dir is not None and self.scenario.hang_nvml_s is not None:
             gpu_state.set_nvml_hang(self.state_dir, self.scenario.hang_nvml_s)
         self.start_children()
@@ -319,6 +342,11 @@ def _read_environment(argv: list[str]) -> tuple[Scenario, SimArgs, int]:
         sys.stderr.write(
             f"fake_sglang: FAKE_SGLANG_BYTES_PER_GB must be a byte count, not {raw_scale!r}\n"
         )
+        sys.exit(2)
+    state = os.environ.get("FAKE_GPU_STATE_DIR")
+    problem = gpu_state.state_dir_problem(Path(state)) if state else None
+    if problem is not None:  # before anything starts: a typo must not read as a traceback
+        sys.stderr.write(f"fake_sglang: FAKE_GPU_STATE_DIR: {problem}\n")
         sys.exit(2)
     rejected = [t for t in argv if t.startswith("--") and t.split("=", 1)[0] in scenario.bad_flags]
     if rejected:

@@ -13,7 +13,10 @@ A holder is live while /proc/P exists, is not a zombie and has the recorded star
 recycled PID never counts). Once a reader sees it dead it stamps `dead_since` (wall clock); the
 memory stays used and the PID stays listed for `release_delay_s` (a real rank unpinning in D
 state), then the file is deleted, unless `stuck`: then the memory stays used, with no PID listed
-(driver-held), until `python -m supervisor.testing.fake_gpu_reset INDEX` clears it.
+(driver-held), until `python -m supervisor.testing.fake_gpu reset INDEX` clears it.
+
+Made with `python -m supervisor.testing.fake_gpu create N --dir DIR` (or `create_gpus`); a
+directory without gpus.json is refused by every reader with `state_dir_problem`'s message.
 """
 
 from __future__ import annotations
@@ -99,6 +102,38 @@ def create_gpus(
         {"gpus": [{f: getattr(g, f) for f in SimGpu.__dataclass_fields__} for g in gpus]},
     )
     return gpus
+
+
+def create_command(state_dir: Path | str, count: int = 8) -> str:
+    """The command that makes simulated GPUs in `state_dir` (quoted in every "no GPUs" message)."""
+    return f"python -m supervisor.testing.fake_gpu create {count} --dir {state_dir}"
+
+
+def state_dir_problem(state_dir: Path | None) -> str | None:
+    """What is wrong with `state_dir` as a simulated-GPU state dir, or None when gpus.json reads.
+
+    The message names the directory and says how to create simulated GPUs, so that a typo in
+    FAKE_GPU_STATE_DIR reads as one and not as a traceback.
+    """
+    if state_dir is None:
+        return (
+            "FAKE_GPU_STATE_DIR is not set; create simulated GPUs with "
+            f"`{create_command('DIR')}` and set FAKE_GPU_STATE_DIR=DIR"
+        )
+    if not state_dir.is_dir():
+        what = "does not exist" if not state_dir.exists() else "is not a directory"
+    elif not (state_dir / GPUS_FILE).is_file():
+        what = f"holds no {GPUS_FILE}"
+    else:
+        try:
+            read_gpus(state_dir)
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            what = f"has an unreadable {GPUS_FILE} ({type(exc).__name__}: {exc})"
+    return (
+        f"simulated GPU state dir {state_dir} {what}; create simulated GPUs with "
+        f"`{create_command(state_dir)}`"
+    )
 
 
 def read_gpus(state_dir: Path) -> tuple[SimGpu, ...]:

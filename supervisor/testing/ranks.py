@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from supervisor.testing import gpu_state, memlog
+from supervisor.testing import gpu_state, memlog, shm
 from supervisor.testing.scenario import Scenario
 
 PAGE_BYTES = mmap.PAGESIZE
@@ -47,6 +47,9 @@ class RankSpec:
     runtime_real_bytes: int
     gpu_total_bytes: int
     memory: memlog.MemoryPlan
+    # One per broadcaster group this rank writes: its ring buffer's real size in /dev/shm, or
+    # None when no reader shares the node (then only the transient nodecheck segment).
+    broadcasts: tuple[int | None, ...] = ()
 
 
 def log(prefix: str, message: str) -> None:
@@ -107,7 +110,9 @@ def handle_message(conn: Connection, *, obeys_shutdown: bool) -> None:
     except (EOFError, OSError):
         os._exit(0)  # the parent is gone: nothing left to serve
     if message == "shutdown" and obeys_shutdown:
-        # scheduler.py handle_shutdown: the event loop ends, run_scheduler_process returns.
+        # scheduler.py handle_shutdown: the event loop ends, run_scheduler_process returns, and
+        # the interpreter's exit runs ShmRingBuffer.__del__ (its segment unlinked).
+        shm.release_owned()
         os._exit(0)
     if isinstance(message, tuple) and message[0] == "ping":
         try:
@@ -157,6 +162,8 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     gpu = _Gpu(spec)
     if plan.cuda_context_bytes:
         gpu.hold(plan.cuda_context_bytes)  # torch's CUDA context, before the first measurement
+    for mq_size in spec.broadcasts:  # init_torch_distributed, before the weights load
+        shm.nodecheck_then_mq(mq_size)
     log(p, memlog.load_begin(gpu.free()))
     began = time.monotonic()
     if scenario.exit_code_on_start is not None and spec.rank == 0:

@@ -78,6 +78,8 @@ class Scenario:
     exit_code_on_start: int | None = None
     bad_flags: tuple[str, ...] = field(default_factory=tuple)
     hang_nvml_s: float | None = None
+    shm_segments: int | None = None  # None: SGLang's broadcasters; N: rank 0 makes N, others 0
+    shm_sweep: bool = False  # stale_shm_cleanup's sweep before anything starts
 
 
 _NUMBER = (int, float)
@@ -164,6 +166,8 @@ def parse_scenario(text: str | None) -> Scenario:
     scenario: Scenario = _build(Scenario, "", raw)
     if scenario.health_fail_mode not in ("503", "no_answer"):
         raise ScenarioError("FAKE_SGLANG_SCENARIO key 'health_fail_mode': 503|no_answer")
+    if scenario.shm_segments is not None and scenario.shm_segments < 0:
+        raise ScenarioError("FAKE_SGLANG_SCENARIO key 'shm_segments': must not be negative")
     if scenario.leak is not None and scenario.leak.kind not in ("anon", "shmem"):
         raise ScenarioError("FAKE_SGLANG_SCENARIO key 'leak.kind': anon|shmem")
     return scenario

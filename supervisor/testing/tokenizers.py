@@ -31,6 +31,7 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.shared_memory import SharedMemory
 from typing import NoReturn
 
+from supervisor.testing import shm
 from supervisor.testing.children import ChildSpec, run_child
 from supervisor.testing.endpoints import STARTING, RankLink, ServerView
 from supervisor.testing.ranks import log, log_uvicorn
@@ -52,7 +53,7 @@ _NAMES: dict[int, str] = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
 
 
 def shm_name(pid: int) -> str:
-    return f"multi_tokenizer_args_{pid}"
+    return f"{shm.MULTI_TOKENIZER_PREFIX}{pid}"
 
 
 class TokenizerWorkers:
@@ -98,12 +99,13 @@ class TokenizerWorkers:
         me = os.getpid()
         log("", f"main process ID: None, current process ID: {me}")
         payload = repr(self.view.info["server_info"]).encode()
-        shm = SharedMemory(name=shm_name(me), create=True, size=len(payload))
-        buf = shm.buf
+        shm.record(shm_name(me))
+        segment = SharedMemory(name=shm_name(me), create=True, size=len(payload))
+        buf = segment.buf
         assert buf is not None  # None only after close()
         buf[: len(payload)] = payload
-        shm.close()
-        self.shm = shm
+        segment.close()
+        self.shm = segment
 
     def serve(self, bind: Callable[[], ThreadingHTTPServer], warmup_s: float | None) -> NoReturn:
         """The shared-memory arguments, then uvicorn.run(workers=N): never returns."""

@@ -15,6 +15,12 @@ Written from (paths under sglang/srt/):
   TP, EP, in that order, each only when its width is > 1 (DP: when the launcher gave a DP rank).
 - entrypoints/engine.py `_launch_detokenizer_subprocesses` and serving_hook.py
   (`--skip-tokenizer-init` forces one detokenizer).
+- distributed/parallel_state.py `initialize_model_parallel`: the groups built with
+  use_message_queue_broadcaster (SGLANG_USE_MESSAGE_QUEUE_BROADCASTER, default on): TP, and
+  attention TP / attention CP when they are narrower than TP (DCP and PD-multiplexing groups are
+  not simulated). `GroupCoordinator.__init__` makes a broadcaster for each group wider than 1;
+  its writer is the group's first rank (shm_broadcast.py `create_from_process_group`), which
+  creates a ring buffer in /dev/shm only when some reader is on its node (`MessageQueue`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class RankPlace:
     title: str
     log_prefix: str  # " DP0 TP1" as SGLang's logger prefix, "" for a lone rank
     gpu: int
+    # One entry per group whose broadcaster this rank writes: its readers on this node.
+    broadcasts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +111,24 @@ def scheduler_title(w: Widths, *, dp_rank: int | None, pp_rank: int, tp_rank: in
     return "sglang::scheduler" + "".join(f"_{p}" for p in parts)
 
 
+def broadcasts(w: Widths, tp_rank: int, node_tp: range) -> tuple[int, ...]:
+    """For each broadcaster group `tp_rank` writes, how many of its readers are on this node
+    (`node_tp`: the TP ranks of this node's share of the group). Members are TP ranks."""
+    groups: list[range] = []
+    if w.tp > 1:
+        groups.append(range(w.tp))  # _TP: every TP rank of the PP stage
+    if 1 < w.attn_tp != w.tp and tp_rank % w.attn_tp == 0:
+        groups.append(range(tp_rank, tp_rank + w.attn_tp))  # _ATTN_TP: consecutive ranks
+    span = w.attn_tp * w.attn_cp
+    if 1 < w.attn_cp != w.tp and tp_rank % span < w.attn_tp:
+        groups.append(range(tp_rank, tp_rank + span, w.attn_tp))  # _ATTN_CP: strided ranks
+    return tuple(
+        sum(1 for member in group[1:] if member in node_tp)
+        for group in groups
+        if group[0] == tp_rank
+    )
+
+
 def _place(args: SimArgs, w: Widths, gpu_base: int, dp_rank: int | None) -> list[RankPlace]:
     """One TP × PP group on this node (`_calculate_rank_ranges`, the GPU formula)."""
     pp_per_node = max(w.pp // args.nnodes, 1)
@@ -124,7 +150,15 @@ def _place(args: SimArgs, w: Widths, gpu_base: int, dp_rank: int | None) -> list
                 + (tp_rank % tp_per_node) * args.gpu_id_step
             )
             prefix = title.removeprefix("sglang::scheduler").replace("_", " ")
-            out.append(RankPlace(title=title, log_prefix=prefix, gpu=gpu))
+            node_tp = range(tp_first, tp_first + tp_per_node)
+            out.append(
+                RankPlace(
+                    title=title,
+                    log_prefix=prefix,
+                    gpu=gpu,
+                    broadcasts=broadcasts(w, tp_rank, node_tp),
+                )
+            )
     return out
 
 

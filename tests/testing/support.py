@@ -16,6 +16,8 @@ from typing import Any
 
 import psutil
 
+from supervisor.testing import shm
+
 MARKER_ENV = "FAKE_SGLANG_MARKER"
 # Tests express "300 GB" host pools in KiB of real memory: 16 KiB per simulated GB keeps an
 # 8-rank × 300 GB server under 40 MiB (the suite's real-memory budget is tens of MiB).
@@ -157,3 +159,35 @@ class FakeServer:
         # The ranks die by PDEATHSIG (or with the group): wait until they are gone.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def shm_names_of(pid: int) -> list[str]:
+    """The /dev/shm names whose creator PID, read by SGLang's rule, is `pid` (sorted)."""
+    return sorted(p.name for p in shm.SHM_DIR.iterdir() if shm.creator_pid(p.name) == pid)
+
+
+def recorded_shm_names(record: Path) -> list[str]:
+    """The segment names the simulated processes appended to $FAKE_SGLANG_SHM_RECORD."""
+    try:
+        return [line for line in record.read_text().splitlines() if line]
+    except FileNotFoundError:
+        return []
+
+
+def leaked(record: Path) -> list[str]:
+    """The recorded segments still in /dev/shm."""
+    return [name for name in recorded_shm_names(record) if (shm.SHM_DIR / name).exists()]
+
+
+def remove_recorded_shm(record: Path) -> list[str]:
+    """Unlink every recorded segment still in /dev/shm; returns their names.
+
+    The record is the test's own (a fresh file per test), so whatever it names was made by the
+    test's processes: a SIGKILLed server leaks its segments, as SGLang's does.
+    """
+    removed: list[str] = []
+    for name in recorded_shm_names(record):
+        with contextlib.suppress(FileNotFoundError):
+            (shm.SHM_DIR / name).unlink()
+            removed.append(name)
+    return removed

@@ -253,7 +253,11 @@ def test_tokenizer_workers_are_titled_with_their_pid_and_args_go_to_shm(
     assert Path(f"/dev/shm/multi_tokenizer_args_{server.proc.pid}").exists()
     log = server.log_text()
     assert f"INFO:     Started parent process [{server.proc.pid}]" in log
-    assert len(server.log_lines("INFO:     The server is fired up and ready to roll!")) == 2
+    # /health turns 200 on the first worker's warmup; the second may report a moment later.
+    wait_until(
+        lambda: len(server.log_lines("INFO:     The server is fired up and ready to roll!")) == 2,
+        what="both workers warmed up",
+    )
 
 
 def test_sigterm_in_multi_tokenizer_mode_terminates_the_workers_and_exits_0(
