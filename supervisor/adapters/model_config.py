@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from supervisor.errors import ConfigError
 
@@ -28,6 +29,44 @@ class ModelInfo:
     # Bytes of each tensor, from the shards' headers (None: no readable shard on this host).
     tensor_bytes: Mapping[str, int] | None = None
     model_dir: str | None  # None: the model itself is not on this host (planning another box)
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a directory or a device where a file was expected."""
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _check_regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
+        raise NotRegularFile(f"not a regular file ({kind})")
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open `path` for reading, a regular file only: reading a FIFO blocks until a writer comes
+    (for ever), a device may never end. Checked before the open, and again on the descriptor,
+    opened without blocking, in case the path changed in between.
+
+    Raises:
+        NotRegularFile: a FIFO, directory, device or socket (its kind in the message).
+        OSError: missing or unreadable.
+    """
+    _check_regular(os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _check_regular(os.fstat(fd).st_mode)
+    except NotRegularFile:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def hf_cache_dirs(env: Mapping[str, str] | None = None) -> tuple[Path, ...]:
@@ -54,10 +93,10 @@ def _snapshot_in_cache(repo_id: str, cache_dirs: tuple[Path, ...]) -> Path | Non
         snapshots = repo / "snapshots"
         if not snapshots.is_dir():
             continue
-        ref = repo / "refs" / "main"
         try:
-            revision = ref.read_text(encoding="utf-8").strip()
-        except OSError:
+            with open_regular(repo / "refs" / "main") as fh:
+                revision = fh.read(256).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
             revision = ""
         if revision and (snapshots / revision).is_dir():
             return snapshots / revision
@@ -81,7 +120,10 @@ def resolve_model_dir(model_path: str, env: Mapping[str, str] | None = None) -> 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open_regular(path) as fh:
+            text = fh.read().decode("utf-8")
+    except NotRegularFile as exc:
+        raise ConfigError(f"{what} {path} is {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
@@ -136,7 +178,7 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit on the JSON head
 
 def _header_tensors(shard: Path) -> dict[str, int]:
     """{tensor name: bytes} from one shard's header: 8-byte little-endian length, then JSON."""
-    with shard.open("rb") as fh:
+    with open_regular(shard) as fh:
         length = int.from_bytes(fh.read(8), "little")
         if not 0 < length <= _MAX_HEADER_BYTES:
             raise ValueError(f"header length {length}")

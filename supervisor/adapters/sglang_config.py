@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from supervisor.adapters.model_config import NotRegularFile, open_regular
 from supervisor.errors import ConfigError
 
 _MAX_BYTES = 1 << 20  # a flags file; anything larger is a mistake, not a config
@@ -41,10 +42,12 @@ def load_sglang_config(argv: Sequence[str]) -> Mapping[str, Any] | None:
     if path.suffix.lower() not in (".yaml", ".yml"):
         raise ConfigError(f"{where}: Config file must be YAML format, got: {path.suffix!r}")
     try:
-        with path.open("rb") as fh:
+        with open_regular(path) as fh:
             data = fh.read(_MAX_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{where}: Config file not found: {name}") from None
+    except NotRegularFile as exc:  # a FIFO would block the read for ever
+        raise ConfigError(f"{where}: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read it: {exc.strerror or exc}") from None
     if len(data) > _MAX_BYTES:

@@ -116,6 +116,8 @@ gpu_memory = "143771MiB"
 
 [preflight]
 weights = "141GB"
+# The simulated box's memory is not this host's: it claims nothing in the host-wide ledger.
+ledger_dir = ""
 
 [run]
 name = {json.dumps(instance_name(workdir))}

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from supervisor.config import NumaNodeSpec, SupervisorConfig, load_config
+from supervisor.config.sections import MIN_GPU_MEMORY_BYTES
 from supervisor.core.units import parse_size
 from supervisor.errors import ConfigError, ExitCode
+
+if TYPE_CHECKING:  # a type only: the report's module loads with the pre-flight, when it runs
+    from supervisor.core.checks import FitReport
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -26,12 +31,29 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
+def _gpu_size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """Option callback: one GPU's memory; below 1 GiB it is a typo (or a bare 0), not a GPU."""
+    size = _size(ctx, param, value)
+    if size is not None and size < MIN_GPU_MEMORY_BYTES:
+        raise click.BadParameter(
+            f"must be at least 1 GiB, the memory of one GPU (got {value!r})", ctx=ctx, param=param
+        )
+    return size
+
+
+class _BackwardRange(ValueError):
+    pass
+
+
 def _gpu_list(text: str) -> tuple[int, ...]:
+    """`0-3`, `4,5,6,7`: GPU indexes. Raises ValueError on anything else."""
     out: list[int] = []
     for part in text.split(","):
         if not part:
             continue
         low, dash, high = part.partition("-")
+        if dash and int(high) < int(low):  # range() would give no GPU at all, silently
+            raise _BackwardRange(f"the GPU range {part} runs backwards")
         out.extend(range(int(low), int(high) + 1) if dash else [int(low)])
     return tuple(out)
 
@@ -43,14 +65,21 @@ def parse_numa_spec(text: str) -> NumaNodeSpec:
         ValueError: not of that form (the message shows an example).
     """
     parts = text.split(":")
+    form = f"{text!r} is not NODE:SIZE[:GPUS] (example: 1:200GB:4-7)"
     if len(parts) not in (2, 3):
-        raise ValueError(f"{text!r} is not NODE:SIZE[:GPUS] (example: 1:200GB:4-7)")
+        raise ValueError(form)
     try:
         node = int(parts[0])
         gpus = _gpu_list(parts[2]) if len(parts) == 3 else ()
+    except _BackwardRange as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
     except ValueError:
-        raise ValueError(f"{text!r} is not NODE:SIZE[:GPUS] (example: 1:200GB:4-7)") from None
-    return NumaNodeSpec(node=node, mem_available_bytes=parse_size(parts[1]), gpus=gpus)
+        raise ValueError(form) from None
+    try:
+        size = parse_size(parts[1])
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: {exc}") from None
+    return NumaNodeSpec(node=node, mem_available_bytes=size, gpus=gpus)
 
 
 def _apply_options(config: SupervisorConfig, opts: Mapping[str, object]) -> SupervisorConfig:
@@ -98,7 +127,7 @@ def _apply_options(config: SupervisorConfig, opts: Mapping[str, object]) -> Supe
 @click.option("--mem-available", callback=_size, help="Host MemAvailable to plan for, e.g. 445GB.")
 @click.option("--cgroup-headroom", callback=_size, help="cgroup memory headroom to plan for.")
 @click.option("--gpus", type=click.IntRange(min=1), help="Number of GPUs to plan for.")
-@click.option("--gpu-memory", callback=_size, help="Memory of each GPU, e.g. 96GB.")
+@click.option("--gpu-memory", callback=_gpu_size, help="Memory of each GPU, e.g. 96GB.")
 @click.option(
     "--numa",
     multiple=True,
@@ -133,6 +162,7 @@ def preflight(
     sglang-supervisor preflight --config FILE
     Exit codes: 0 fits, 1 does not fit, 2 bad input.
     """
+    from supervisor.adapters.ledger import open_ledger
     from supervisor.preflight import run_preflight
     from supervisor.preflight.sensors import LazySensor
 
@@ -143,24 +173,102 @@ def preflight(
             "no launch_server arguments: give them after -- or as [server] args in --config"
         )
     sensor = None if config.gpu.backend == "none" else LazySensor(config.gpu.backend)
+    book = open_ledger(
+        config.preflight.ledger_dir,
+        config.run.name,
+        planning=config.host.mem_available_bytes is not None,
+    )
     try:
         report = run_preflight(
             config,
             argv,
             gpu_sensor=sensor,
             config_dir=config_path.parent if config_path is not None else None,
+            reserved=book.others() if book is not None else (),
         )
     finally:
         if sensor is not None:
             sensor.close()
     if print_args:
-        if report.suggested_argv is None:
-            click.echo("sglang-supervisor: no --hicache-size fits this host", err=True)
-            return int(ExitCode.NO_FIT)
-        click.echo(shlex.join(report.suggested_argv))
-        return int(ExitCode.OK)
+        return print_launch_line(report, argv)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         click.echo(report.render_table())
     return int(ExitCode.OK if report.fits else ExitCode.NO_FIT)
+
+
+# Where --print-args tells the shell to take each secret from: printing the key would leak it,
+# printing *** would launch with the key "***".
+SECRET_ENV: dict[str, str] = {
+    "--api-key": "SGLANG_API_KEY",
+    "--admin-api-key": "SGLANG_ADMIN_API_KEY",
+}
+_SECRET_TOKEN = re.compile(r"^(--(?:admin-)?api-key)=")
+
+
+def print_launch_line(report: FitReport, argv: tuple[str, ...]) -> int:
+    """`--print-args`: the argv that fits as one shell line, secrets as "$VARIABLE"s; the
+    exit code says whether there was one (0) or not (1)."""
+    from supervisor.preflight.plan import launch_argv
+
+    hicache = report.hicache_mode != "off"
+    fitting = launch_argv(
+        argv,
+        report.max_hicache_size_gb,
+        uses_hicache=hicache,
+        fits_without_hicache=report.fits_without_hicache,
+    )
+    if fitting is None:
+        why = "no --hicache-size fits this host" if hicache else "HiCache is off, and"
+        if not report.fits_without_hicache:
+            why += ("; " if hicache else " ") + "the launch does not fit even without HiCache"
+        click.echo(f"sglang-supervisor: {why}", err=True)
+        return int(ExitCode.NO_FIT)
+    line, names = shell_line(fitting)
+    click.echo(line)
+    if not hicache:
+        click.echo(
+            "sglang-supervisor: HiCache is off (no --enable-hierarchical-cache): the argv is "
+            "printed unchanged, --hicache-size would be ignored",
+            err=True,
+        )
+    if names:
+        click.echo(
+            f"sglang-supervisor: export {' and '.join(names)} before running this line "
+            "(it reads the API keys from the environment)",
+            err=True,
+        )
+    return int(ExitCode.OK)
+
+
+def shell_line(argv: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """(argv quoted for a POSIX shell with each secret value as "$VARIABLE", those variables)."""
+    from supervisor.core.sglang_cli import option_spans
+    from supervisor.core.sglang_versions import rules_for_version
+
+    table = rules_for_version(None).cli().table
+    by_dest = {f.dest: name for name in SECRET_ENV if (f := table.flag(name)) is not None}
+    words = [shlex.quote(token) for token in argv]
+    used: list[str] = []
+
+    def reference(flag: str) -> str:
+        if SECRET_ENV[flag] not in used:
+            used.append(SECRET_ENV[flag])
+        return f'"${SECRET_ENV[flag]}"'
+
+    for index, flag, token, values in option_spans(argv, table):
+        name = by_dest.get(flag.dest)
+        if name is None:
+            continue
+        if "=" in token:
+            words[index] = f"{token.partition('=')[0]}={reference(name)}"
+        for i in values:
+            words[i] = reference(name)
+    # The exact spellings anywhere, as redact_argv catches them (e.g. after a stray "--").
+    for i, token in enumerate(argv):
+        if token in SECRET_ENV and i + 1 < len(argv):
+            words[i + 1] = reference(token)
+        elif (match := _SECRET_TOKEN.match(token)) is not None:
+            words[i] = f"{match.group(1)}={reference(match.group(1))}"
+    return " ".join(words), tuple(used)

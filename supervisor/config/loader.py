@@ -5,6 +5,8 @@ dataclasses; sizes and durations are parsed here, at the edge, and every error n
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 import sys
 import types
 import typing
@@ -111,16 +113,55 @@ def _section(cls: type[T], table: Mapping[str, Any], prefix: str) -> T:
     return cls(**kwargs)
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a plain file")
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of `path`, a regular file only: reading a FIFO blocks until a writer comes
+    (for ever), a device may never end. Checked before the open, and again on the descriptor,
+    opened without blocking, in case the path changed in between.
+
+    Raises:
+        ConfigError: not a regular file (its kind named), or unreadable.
+    """
+    try:
+        if not stat.S_ISREG(mode := os.stat(path).st_mode):
+            raise ConfigError(f"config file {path} is not a regular file ({_kind(mode)})")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+                raise ConfigError(f"config file {path} is not a regular file ({_kind(mode)})")
+            return fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """Read a TOML file.
 
     Raises:
-        ConfigError: unreadable file, or a syntax error (tomllib's message carries the line).
+        ConfigError: not a regular file, unreadable, not UTF-8 (TOML's only encoding), or a
+            syntax error (tomllib's message carries the line).
     """
+    raw = _read_regular(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (line {line}: {exc.reason}); TOML files "
+            "are UTF-8"
+        ) from None
     try:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -12,13 +12,53 @@ import itertools
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from supervisor.core.units import GB, GiB
 from supervisor.errors import ConfigError
 
+if TYPE_CHECKING:
+    from supervisor.core.backoff import BackoffPolicy
+
 STATE_ROOT = Path("/var/lib/sglang-supervisor")
+GPU_BACKENDS = ("auto", "nvml", "sim", "none")
+# No GPU SGLang serves from has less; below it the automatic fraction and the pool are nonsense.
+MIN_GPU_MEMORY_BYTES = 1 * GiB
 
 _FROZEN = {"frozen": True, "slots": True, "kw_only": True}
+
+
+def instance_name_problem(name: str) -> str | None:
+    """Why `name` cannot name an instance (its state directory is STATE_ROOT/<name>), or None.
+
+    Only letters, digits and '.', '_', '@', '-': no '/' to nest directories, and not "." or
+    ".." (nor any name of dots only), which would be the state root or its parent.
+    """
+    if not name or not all(c.isalnum() or c in "._@-" for c in name):
+        return "must be letters, digits, '.', '_', '@' or '-'"
+    if not name.strip("."):
+        return "must be letters, digits, '.', '_', '@' or '-', and not dots only"
+    return None
+
+
+def _numa_gpus_problem(numa: tuple[NumaNodeSpec, ...], gpus: int | None) -> str | None:
+    """GPUs a NUMA description cannot mean: on two nodes, negative, or beyond `gpus`."""
+    seen: set[int] = set()
+    for spec in numa:
+        twice = sorted(seen.intersection(spec.gpus))
+        if twice:
+            return f"GPU(s) {_ids(twice)} listed on more than one NUMA node"
+        seen.update(spec.gpus)
+        beyond = sorted(i for i in spec.gpus if i < 0 or (gpus is not None and i >= gpus))
+        if beyond:
+            limit = f"the {gpus} GPUs of host.gpus (--gpus)" if gpus is not None else "GPU 0"
+            where = "beyond" if gpus is not None else "below"
+            return f"node {spec.node} lists GPU(s) {_ids(beyond)} {where} {limit}"
+    return None
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids)
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -52,6 +92,20 @@ class HostConfig:
     numa: tuple[NumaNodeSpec, ...] = ()
     sglang_version: str | None = None
 
+    def __post_init__(self) -> None:
+        # Each message names the key and its option: both the file and the command line land here.
+        if self.gpus is not None and self.gpus < 1:
+            raise ConfigError(f"config key host.gpus (--gpus) must be at least 1 (got {self.gpus})")
+        memory = self.gpu_memory_bytes
+        if memory is not None and memory < MIN_GPU_MEMORY_BYTES:
+            raise ConfigError(
+                "config key host.gpu_memory (--gpu-memory) must be at least 1 GiB, the memory "
+                f"of one GPU (got {memory} bytes)"
+            )
+        problem = _numa_gpus_problem(self.numa, self.gpus)
+        if problem is not None:
+            raise ConfigError(f"config key host.numa (--numa): {problem}")
+
 
 @dataclasses.dataclass(**_FROZEN)
 class PreflightConfig:
@@ -76,6 +130,20 @@ class PreflightConfig:
     # GPU memory taken by the CUDA context and NCCL before SGLang measures free memory: 1-3 GiB
     # (docs/sglang.md §1.4).
     gpu_context_bytes: int = 2 * GiB
+    # The host-wide reservation ledger: instances starting together see each other's planned
+    # but not yet pinned host memory there. Empty: none (each instance on its own).
+    ledger_dir: str = "/run/sglang-supervisor"
+
+    def __post_init__(self) -> None:
+        if self.avg_request_tokens < 1:
+            raise ConfigError(
+                "config key preflight.avg_request_tokens must be at least 1 "
+                f"(got {self.avg_request_tokens})"
+            )
+        if self.load_threads < 0:
+            raise ConfigError(
+                f"config key preflight.load_threads must not be negative (got {self.load_threads})"
+            )
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -104,11 +172,25 @@ class RunConfig:
     auto_size: bool = False  # on no-fit, launch with the pre-flight's largest safe --hicache-size
     force: bool = False  # on no-fit, launch anyway
     kill_foreign_gpu_processes: bool = False
-    oom_score_adj: int = 500
+    oom_score_adj: int = 500  # for the server tree: the kernel OOM killer takes it, not us
     # The server tree in a cgroup of its own (auto: when this host allows it), or /proc only.
-    cgroup: str = "auto"  # for the server tree: the kernel OOM killer takes it, not us
+    cgroup: str = "auto"
+    # Incident reports and corrupt state files set aside: the newest this many of each are kept.
+    keep_files: int = 100
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
+
+    def backoff_policy(self) -> BackoffPolicy:
+        """The restart delays and crash-loop limits these keys describe."""
+        from supervisor.core.backoff import BackoffPolicy  # tenacity: not for the pre-flight
+
+        return BackoffPolicy(
+            initial_s=self.backoff_initial_s,
+            max_s=self.backoff_max_s,
+            stable_after_s=self.stable_after_s,
+            max_restarts=self.max_restarts,
+            restart_window_s=self.restart_window_s,
+        )
 
     @property
     def state_path(self) -> Path:
@@ -119,8 +201,9 @@ class RunConfig:
         def bad(key: str, why: str, value: object) -> ConfigError:
             return ConfigError(f"config key run.{key} {why} (got {value!r})")
 
-        if not self.name or not all(c.isalnum() or c in "._@-" for c in self.name):
-            raise bad("name", "must be letters, digits, '.', '_', '@' or '-'", self.name)
+        name_problem = instance_name_problem(self.name)
+        if name_problem is not None:
+            raise bad("name", name_problem, self.name)
         for key in (
             "health_interval_s",
             "health_timeout_s",
@@ -147,6 +230,8 @@ class RunConfig:
             raise bad("oom_score_adj", "must be in [-1000, 1000]", self.oom_score_adj)
         if self.cgroup not in ("auto", "off"):
             raise bad("cgroup", "must be auto or off", self.cgroup)
+        if self.keep_files < 1:
+            raise bad("keep_files", "must be at least 1", self.keep_files)
         if self.log_format not in ("auto", "json", "console"):
             raise bad("log_format", "must be auto, json or console", self.log_format)
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -230,6 +315,11 @@ class GpuConfig:
     nvml_timeout_s: float = 5.0  # one NVML query; longer means NVML hangs (GPU state unknown)
 
     def __post_init__(self) -> None:
+        if self.backend not in GPU_BACKENDS:
+            raise ConfigError(
+                f"config key gpu.backend must be one of {'|'.join(GPU_BACKENDS)} "
+                f"(got {self.backend!r})"
+            )
         for name in ("reset_timeout_s", "release_timeout_s", "d_state_grace_s", "nvml_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config key gpu.{name[:-2]} must be positive")

@@ -28,6 +28,7 @@ class HostAssessment:
     checks: tuple[Check, ...]
     max_hicache_size_gb: int
     safe_host_tokens: int
+    fits_without_hicache: bool = True  # the host and its NUMA nodes, with no host pool at all
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +96,11 @@ def _terms(
             bytes=budget.usable_bytes,
         ),
         Term(label="reserve", bytes=-budget.reserve_bytes),
+        *(
+            [Term(label="other instances starting (ledger)", bytes=-budget.reserved_bytes)]
+            if budget.reserved_bytes
+            else []
+        ),
         Term(label="main process + detokenizer", bytes=-budget.main_overhead_bytes),
         Term(
             label=f"runtime per rank × {local_ranks}",
@@ -203,4 +209,5 @@ def assess_host(
         checks=tuple(checks),
         max_hicache_size_gb=safe,
         safe_host_tokens=fit.page_aligned_tokens(safe * GB // bytes_per_token, page) if safe else 0,
+        fits_without_hicache=fit.fits_host(0, local_ranks, budget, numa),
     )

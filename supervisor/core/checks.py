@@ -86,8 +86,18 @@ def check_hugepages(
     )
 
 
-def check_gpu_holders(holders: Mapping[int, Sequence[int | str]]) -> Check:
-    """Processes already on the target GPUs (NVML PIDs or /dev/nvidiaN holders)."""
+def check_gpu_holders(holders: Mapping[int, Sequence[int | str]], gpus_read: bool = True) -> Check:
+    """Processes already on the target GPUs (NVML PIDs or /dev/nvidiaN holders).
+
+    `gpus_read` False: no GPU was read (backend none, or the GPU facts given), so NVML's process
+    lists were not seen; an empty answer then proves nothing and says so (a warning).
+    """
+    if not holders and not gpus_read:
+        detail = (
+            "not checked: no GPU was read (NVML's process lists unseen); no process has "
+            "/dev/nvidiaN of the target GPUs open"
+        )
+        return Check("gpu_holders", Status.WARN, detail)
     if not holders:
         return Check("gpu_holders", Status.OK, "no process holds the target GPUs")
     shown = ", ".join(
@@ -140,6 +150,8 @@ class FitReport:
     deployment: Deployment | None = None  # what a measurement of this launch is filed under
     suggested_argv: tuple[str, ...] | None = None
     numa: tuple[dict[str, int], ...] = field(default_factory=tuple)
+    # The host (and each NUMA node) has room for the launch with no host pool at all.
+    fits_without_hicache: bool = True
 
     @property
     def fits(self) -> bool:
@@ -247,7 +259,12 @@ class FitReport:
 
     def _safe_size_lines(self) -> list[str]:
         if self.max_hicache_size_gb <= 0:
-            return ["  safe --hicache-size: none, not even 1 GB per rank fits; leave HiCache off"]
+            advice = (
+                "; leave HiCache off"
+                if self.fits_without_hicache
+                else ", and the launch does not fit even without HiCache"
+            )
+            return [f"  safe --hicache-size: none, not even 1 GB per rank fits{advice}"]
         ratio_text = (
             f", ≈ --hicache-ratio {self.equivalent_ratio:.2f}"
             if self.equivalent_ratio is not None

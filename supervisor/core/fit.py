@@ -37,6 +37,7 @@ def default_hicache_ratio(plan: LaunchPlan) -> float:
 
 def page_aligned_tokens(tokens: int, page_size: int) -> int:
     """SGLang's host pool rounds down to whole pages and adds one padding page."""
+    page_size = max(1, page_size)  # the argv reader refuses 0; never divide by it regardless
     return (max(0, tokens) // page_size + 1) * page_size
 
 
@@ -100,7 +101,7 @@ def size_mode_pool_bytes(
     size_gb: int, bytes_per_token: int, indexer_bytes_per_token: int, page_size: int
 ) -> int:
     """Host bytes per rank that `--hicache-size size_gb` allocates (0 for size 0)."""
-    if size_gb <= 0:
+    if size_gb <= 0 or bytes_per_token <= 0:
         return 0
     tokens = page_aligned_tokens(size_gb * GB // bytes_per_token, page_size)
     return tokens * (bytes_per_token + indexer_bytes_per_token)
@@ -115,7 +116,13 @@ def prefill_graph_sizes(max_tokens: int) -> int:
 
 
 def auto_mem_fraction_static(gpu_total_bytes: int, plan: LaunchPlan, *, mla: bool) -> float:
-    """SGLang's automatic `--mem-fraction-static` for the smallest GPU (docs/sglang.md §1.4)."""
+    """SGLang's automatic `--mem-fraction-static` for the smallest GPU (docs/sglang.md §1.4).
+
+    0.0 when the GPU is smaller than what SGLang reserves on it (no KV pool at all): the edge
+    refuses a GPU below 1 GiB, but core answers for any input, zero included.
+    """
+    if gpu_total_bytes <= 0:
+        return 0.0
     gpu_mb = gpu_total_bytes / MiB
     gpu_gib = gpu_total_bytes / GiB
     tp_ge_4 = plan.tp_size >= 4
@@ -142,7 +149,7 @@ def auto_mem_fraction_static(gpu_total_bytes: int, plan: LaunchPlan, *, mla: boo
     reserved_mb += graph_mb
     if gpu_gib > 60:
         reserved_mb = max(reserved_mb, 10240)
-    return round((gpu_mb - reserved_mb) / gpu_mb, 3)
+    return max(0.0, round((gpu_mb - reserved_mb) / gpu_mb, 3))
 
 
 def estimate_device_tokens(
@@ -164,6 +171,7 @@ def estimate_device_tokens(
     rest = int(gpu_free_bytes * mem_fraction_static) - weights_per_rank_bytes - reserved_bytes
     if rest <= 0 or bytes_per_token <= 0:
         return 0
+    page_size = max(1, page_size)
     tokens = rest // bytes_per_token // page_size * page_size
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens)
@@ -202,11 +210,14 @@ class HostBudget:
     main_overhead_bytes: int
     load_transient_bytes: int = 0  # node-wide anonymous load buffers (--weight-loader-disable-mmap)
     cpu_offload_bytes_per_rank: int = 0  # --cpu-offload-gb keeps that much weight in host RAM
+    # Planned by other instances starting on this host and not yet pinned (the ledger):
+    # MemAvailable does not show it yet.
+    reserved_bytes: int = 0
 
     @property
     def budget_bytes(self) -> int:
-        """What the launch may use: usable minus the reserve."""
-        return self.usable_bytes - self.reserve_bytes
+        """What the launch may use: usable minus the reserve and the other instances' claims."""
+        return self.usable_bytes - self.reserve_bytes - self.reserved_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

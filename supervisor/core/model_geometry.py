@@ -132,6 +132,35 @@ def kv_heads_per_rank(config: Mapping[str, Any], plan: LaunchPlan) -> int:
     return max(1, (kv_heads or heads) // plan.attention_tp_size)
 
 
+def tp_split_problem(config: Mapping[str, Any], plan: LaunchPlan) -> str | None:
+    """Why SGLang cannot split this model's attention over the launch's TP, or None.
+
+    SGLang 0.5.23 asserts it while building the layers, after the processes have started and
+    the load has begun (srt/layers/linear.py `QKVParallelLinear`: `divide(total_num_heads,
+    tp_size)`, then `divide(tp_size, total_num_kv_heads)` when TP reaches the KV heads, else
+    `divide(total_num_kv_heads, tp_size)`; srt/models/llama.py `LlamaAttention` asserts the same;
+    MLA models only the heads, srt/models/deepseek_v2.py `num_heads % attn_tp_size`). With DP
+    attention the heads are split over the attention TP only. A config without heads is left
+    to the KV arithmetic, which names the missing key.
+    """
+    heads = _get_int(config, "num_attention_heads", "n_head")
+    if not heads:
+        return None
+    tp = plan.attention_tp_size
+    flag = f"--tp-size {plan.tp_size}" + (f" (attention TP {tp})" if tp != plan.tp_size else "")
+    if heads % tp:
+        return f"{flag} does not divide the {heads} attention heads"
+    if is_mla(config):
+        return None
+    kv_heads = _get_int(config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num")
+    kv_heads = kv_heads or heads
+    if tp >= kv_heads and tp % kv_heads:
+        return f"{flag} is not a multiple of the {kv_heads} KV heads"
+    if tp < kv_heads and kv_heads % tp:
+        return f"{flag} does not divide the {kv_heads} KV heads"
+    return None
+
+
 def _row_bits(config: Mapping[str, Any], plan: LaunchPlan) -> Fraction:
     """Bits of one token's KV in one layer on one rank."""
     dtype = kv_cache_dtype(config, plan)

@@ -7,6 +7,7 @@ it accepts (docs/sglang.md §2). A flag an older release lacks is simply never g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,8 +37,9 @@ def _fraction(value: object) -> float:
 
 def _pos_float(value: object) -> float:
     number = float(str(value))
-    if not number > 0:  # NaN fails too
-        raise ValueError("must be a positive number")
+    # argparse's float() takes "nan" and "inf": a pool of NaN or infinitely many tokens.
+    if not (number > 0 and math.isfinite(number)):
+        raise ValueError("must be a finite positive number")
     return number
 
 
@@ -93,7 +95,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("kv_cache_dtype", ("--kv-cache-dtype",), _str),
     Option("page_size", ("--page-size",), _pos_int, "a positive integer"),
     Option("enable_hierarchical_cache", ("--enable-hierarchical-cache", "--enable-hicache"), None),
-    Option("hicache_ratio", ("--hicache-ratio",), _pos_float, "a positive number"),
+    Option("hicache_ratio", ("--hicache-ratio",), _pos_float, "e.g. 2.0"),
     Option("hicache_size_gb", ("--hicache-size",), _nonneg_int, "a non-negative integer (GB)"),
     Option(
         "hicache_host_memory_fraction",

@@ -19,7 +19,6 @@ GiB = 1024**3
 TiB = 1024**4
 
 _SIZE_UNITS: dict[str, int] = {
-    "": 1,
     "b": 1,
     "kb": KB,
     "mb": MB,
@@ -51,22 +50,26 @@ _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z
 
 
 def parse_size(text: str | int | float) -> int:
-    """Parse "445GB", "96GiB", "512MiB" or a plain number of bytes into bytes.
+    """Parse "445GB", "96GiB", "512MiB" or "1024B" into bytes.
 
     Raises:
-        ValueError: the text is not a non-negative number with a known unit. Bare "G"/"M" are
-            refused on purpose: an operator who means GiB and gets GB is off by 7 %.
+        ValueError: the text is not a non-negative number with a known unit. A bare number is
+            refused (a TOML `mem_available = 445` meant GB, not 445 bytes), but for zero, which
+            is zero in every unit; bare "G"/"M" are refused too: an operator who means GiB and
+            gets GB is off by 7 %.
     """
     if isinstance(text, bool):
         raise ValueError(f"not a size: {text!r}")
     if isinstance(text, (int, float)):
         if text < 0 or not math.isfinite(text):
-            raise ValueError(f"size must be a non-negative number of bytes, got {text!r}")
-        return int(text)
+            raise ValueError(f"size must be a non-negative number with a unit, got {text!r}")
+        return _unitless(f"{text:g}" if isinstance(text, float) else str(text))
     match = _NUMBER_UNIT.match(text)
     if not match:
         raise ValueError(f"not a size: {text!r} (examples: 445GB, 96GiB, 512MiB)")
     number, unit = match.groups()
+    if not unit:
+        return _unitless(number)
     factor = _SIZE_UNITS.get(unit.lower())
     if factor is None:
         raise ValueError(
@@ -77,6 +80,13 @@ def parse_size(text: str | int | float) -> int:
     if not math.isfinite(value):
         raise ValueError(f"size out of range: {text!r}")
     return int(value)
+
+
+def _unitless(number: str) -> int:
+    """A size given without a unit: zero is zero, anything else must say its unit."""
+    if float(number) == 0:
+        return 0
+    raise ValueError(f"{number} has no unit: write {number}GB or {number}GiB (or {number}B)")
 
 
 def parse_duration(text: str | int | float) -> float:

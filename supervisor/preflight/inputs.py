@@ -27,6 +27,7 @@ from supervisor.core.numa_binding import Binding, sglang_binding
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.sglang_facts import HUGEPAGE_ENV
 from supervisor.core.units import parse_size
+from supervisor.errors import ConfigError
 
 if TYPE_CHECKING:  # types only: core.ports brings the run loop's events and classifier
     from supervisor.core.ports import GpuSensor
@@ -117,6 +118,7 @@ def numa_loads(
     SGLang will bind the ranks' memory to their nodes (core/numa_binding.py); else none."""
     ids = plan.local_gpu_ids()
     if config.host.numa:
+        _check_given_numa(config, ids)
         loads = tuple(
             fit.NumaLoad(
                 node=spec.node,
@@ -162,6 +164,23 @@ def numa_loads(
     return loads, [Check("numa", Status.OK, detail)]
 
 
+def _check_given_numa(config: SupervisorConfig, ids: tuple[int, ...]) -> None:
+    """Every GPU of the launch on a given node: a rank on none would be checked nowhere, and
+    the nodes would pass on memory no rank uses.
+
+    Raises:
+        ConfigError: GPUs of the launch that no `--numa` / `[[host.numa]]` node lists (named).
+    """
+    listed = {i for spec in config.host.numa for i in spec.gpus}
+    unplaced = [i for i in ids if i not in listed]
+    if unplaced:
+        where = ", ".join(str(i) for i in sorted(listed)) or "none"
+        raise ConfigError(
+            f"GPU(s) {', '.join(str(i) for i in unplaced)} of this launch are on no NUMA node "
+            f"given (--numa / [[host.numa]] list GPU(s) {where}): give each node its GPUs"
+        )
+
+
 def _gpu_nodes(plan: LaunchPlan, gpus: GpuFacts) -> dict[int, int | None]:
     """The node of each GPU: `--numa-node`, indexed by GPU id, else what NVML reports."""
     if plan.numa_node is not None:
@@ -182,7 +201,7 @@ def gpu_holders_check(plan: LaunchPlan, gpus: GpuFacts, probe: HostProbe) -> Che
         hit = sorted(targets & devices)
         if hit and pid not in holders:
             holders[pid] = list(hit)
-    return check_gpu_holders(holders)
+    return check_gpu_holders(holders, gpus_read=bool(gpus.states))
 
 
 def hugepages_check(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from supervisor.adapters.model_config import open_regular
 from supervisor.core.measured import Record, add_record
 
 FILE_NAME = "measured-sizing.json"
@@ -20,7 +21,8 @@ def load_records(state_dir: Path) -> tuple[tuple[Record, ...], str | None]:
     """(the records in `state_dir`, why they could not be read or None). No file: no records."""
     path = state_dir / FILE_NAME
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as fh:  # a FIFO put there must not block the pre-flight
+            data = json.loads(fh.read().decode("utf-8"))
         return tuple(Record.from_json(r) for r in data["records"]), None
     except FileNotFoundError:
         return (), None

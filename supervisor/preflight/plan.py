@@ -20,12 +20,13 @@ from supervisor.config import SupervisorConfig
 from supervisor.core import fit, model_geometry
 from supervisor.core.assess import HostAssessment, assess_host
 from supervisor.core.checks import Check, FitReport, Status
+from supervisor.core.ledger import Reservation
 from supervisor.core.measured import Deployment, latest_for
 from supervisor.core.sglang_args import LaunchPlan, redact_argv
 from supervisor.core.sglang_args import with_flag_value as _with_flag_value
 from supervisor.core.sglang_launch import LaunchReader
 from supervisor.core.sglang_versions import SglangRules
-from supervisor.core.units import GB
+from supervisor.core.units import GB, format_gb
 from supervisor.errors import ConfigError
 from supervisor.preflight.device import Device, DeviceInputs, device_pool
 from supervisor.preflight.inputs import (
@@ -71,6 +72,16 @@ def _model(config: SupervisorConfig, plan: LaunchPlan, config_dir: Path | None) 
         raise ConfigError(f"model config {info.config_file}: {exc}") from None
 
 
+def _split_checks(model: _Model, plan: LaunchPlan) -> list[Check]:
+    """A TP that SGLang cannot split the attention heads over: a property of argv and model, so
+    a failed check (`run` refuses it, exit 1), not bad input: each is valid on its own."""
+    problem = model_geometry.tp_split_problem(model.info.config, plan)
+    if problem is None:
+        return []
+    detail = f"{problem}: SGLang stops at load when it splits the attention layers over TP"
+    return [Check("attention_heads", Status.FAIL, detail)]
+
+
 def deployment_of(plan: LaunchPlan, gpus: GpuFacts, rules: SglangRules) -> Deployment:
     """What a measurement of this launch is filed under (core/measured.py)."""
     return Deployment(
@@ -100,8 +111,24 @@ def _usable(config: SupervisorConfig, probe: HostProbe) -> tuple[int, int | None
     return available, reading.headroom_bytes, checks
 
 
+def _ledger_checks(claims: Sequence[Reservation]) -> list[Check]:
+    if not claims:
+        return []
+    names = ", ".join(sorted({r.instance for r in claims}))
+    total = sum(r.outstanding_bytes for r in claims)
+    detail = (
+        f"{format_gb(total)} planned and not yet pinned by other instances starting on this "
+        f"host ({names}): counted as used"
+    )
+    return [Check("ledger", Status.OK, detail)]
+
+
 def _budget(
-    config: SupervisorConfig, plan: LaunchPlan, model: _Model, usable_bytes: int
+    config: SupervisorConfig,
+    plan: LaunchPlan,
+    model: _Model,
+    usable_bytes: int,
+    reserved_bytes: int = 0,
 ) -> fit.HostBudget:
     pre = config.preflight
     load_transient = 0
@@ -115,6 +142,7 @@ def _budget(
         main_overhead_bytes=pre.main_overhead_bytes,
         load_transient_bytes=load_transient,
         cpu_offload_bytes_per_rank=plan.cpu_offload_gb * GB,
+        reserved_bytes=reserved_bytes,
     )
 
 
@@ -128,12 +156,15 @@ def run_preflight(
     config_dir: Path | None = None,
     reader: LaunchReader | None = None,
     state_dir: Path | None = None,
+    reserved: Sequence[Reservation] = (),
 ) -> FitReport:
     """Decide whether `argv` (launch_server's arguments) fits this host, or the one described.
 
     `gpu_sensor` is read once unless `[host]` gives the GPU facts; None: no GPU is read.
     `reader` reads the argv (the run loop passes its own); None: resolved here. `state_dir` holds
     the measurements of earlier launches (default: the config's `[run]` state directory).
+    `reserved`: other instances starting on this host (the ledger); what they planned and have
+    not pinned yet comes off the budget.
 
     Raises:
         ConfigError: bad argv or SGLang `--config` file, missing or malformed model config, an
@@ -151,7 +182,8 @@ def run_preflight(
     device, deployment, device_checks = _device(config, plan, model, gpus, reader.rules, env, state)
     available, cgroup, host_checks = _usable(config, probe)
     usable = available if cgroup is None else min(available, cgroup)
-    budget = _budget(config, plan, model, usable)
+    claims = tuple(reserved)
+    budget = _budget(config, plan, model, usable, sum(r.outstanding_bytes for r in claims))
     numa, numa_checks = numa_loads(config, plan, gpus, probe, planning, env)
     rules = reader.rules
     host = assess_host(
@@ -165,9 +197,8 @@ def run_preflight(
         cgroup_limited=cgroup is not None,
     )
     notes = [Check("sglang_args", Status.WARN, note) for note in reader.notes(plan)]
-    checks = [*notes, model_check(model.info), *gpus.checks, *device_checks, *host_checks]
-    checks += numa_checks
-    checks.extend(host.checks)
+    checks = [*notes, model_check(model.info), *_split_checks(model, plan), *gpus.checks]
+    checks += [*device_checks, *host_checks, *numa_checks, *_ledger_checks(claims), *host.checks]
     if not planning:
         pools = None if host.pool_bytes is None else host.pool_bytes * plan.local_ranks
         checks.extend(local_checks(plan, gpus, probe, env, pools))
@@ -246,15 +277,48 @@ def _report(
         sglang_rules=rules.describe,
         device_tokens_source=device.source,
         checks=tuple(checks),
-        suggested_argv=suggested_argv(argv, safe),
+        suggested_argv=suggested_argv(
+            argv,
+            safe,
+            uses_hicache=plan.uses_hicache,
+            fits_without_hicache=host.fits_without_hicache,
+        ),
         numa=tuple(
             {"node": n.node, "ranks": n.ranks, "available_bytes": n.available_bytes} for n in numa
         ),
+        fits_without_hicache=host.fits_without_hicache,
     )
 
 
-def suggested_argv(argv: Sequence[str], safe_size_gb: int) -> tuple[str, ...] | None:
-    """The user's argv with the safe `--hicache-size` substituted, secrets redacted."""
+def launch_argv(
+    argv: Sequence[str],
+    safe_size_gb: int,
+    *,
+    uses_hicache: bool = True,
+    fits_without_hicache: bool = True,
+) -> tuple[str, ...] | None:
+    """The argv that fits: with HiCache, the safe `--hicache-size` substituted (None when not
+    even 1 GB fits); without it, the argv unchanged, as `--hicache-size` would be ignored
+    (None when the launch does not fit even so)."""
+    if not uses_hicache:
+        return tuple(argv) if fits_without_hicache else None
     if safe_size_gb <= 0:
         return None
-    return redact_argv(_with_flag_value(argv, "--hicache-size", str(safe_size_gb)))
+    return _with_flag_value(argv, "--hicache-size", str(safe_size_gb))
+
+
+def suggested_argv(
+    argv: Sequence[str],
+    safe_size_gb: int,
+    *,
+    uses_hicache: bool = True,
+    fits_without_hicache: bool = True,
+) -> tuple[str, ...] | None:
+    """`launch_argv`, secrets redacted (for the report and its JSON)."""
+    fitting = launch_argv(
+        argv,
+        safe_size_gb,
+        uses_hicache=uses_hicache,
+        fits_without_hicache=fits_without_hicache,
+    )
+    return None if fitting is None else redact_argv(fitting)

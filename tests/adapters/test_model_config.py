@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,57 @@ def test_one_unreadable_header_means_no_tensor_list(tmp_path):
     d = model_dir(tmp_path / "m", LLAMA, {"b.safetensors": 100})  # zeros: no header
     write_safetensors(d / "a.safetensors", {"x.weight": 8})
     assert load_model_config(str(d)).tensor_bytes is None
+
+
+# A FIFO never ends (or never opens) when read: each test has a deadline, so a regression fails
+# the test instead of hanging the suite.
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_as_the_model_s_config_json_is_refused(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    os.mkfifo(d / "config.json")
+    with pytest.raises(
+        ConfigError, match=r"model config .*config\.json is not a regular file \(a FIFO\)"
+    ):
+        load_model_config(str(d))
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_an_override_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    override = tmp_path / "o" / "config.json"
+    override.parent.mkdir()
+    if kind == "fifo":
+        os.mkfifo(override)
+    elif kind == "directory":
+        # A directory override means its config.json: here that is a directory too.
+        (override / "config.json").mkdir(parents=True)
+    else:
+        override = Path("/dev/null")
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        load_model_config("org/absent", str(override), env={"HOME": str(tmp_path)})
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_beside_the_config_is_refused_or_skipped(tmp_path):
+    d = model_dir(tmp_path / "m", LLAMA)
+    os.mkfifo(d / "hf_quant_config.json")
+    with pytest.raises(ConfigError, match=r"hf_quant_config\.json is not a regular file"):
+        load_model_config(str(d))
+    (d / "hf_quant_config.json").unlink()
+    write_safetensors(d / "a.safetensors", {"x.weight": 8})
+    os.mkfifo(d / "b.safetensors")  # a shard that is no file: no tensor list, no hang
+    assert load_model_config(str(d)).tensor_bytes is None
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_as_the_hf_cache_ref_falls_back_to_the_newest_snapshot(tmp_path):
+    hub = tmp_path / "hub"
+    repo = hub / "models--org--m"
+    snap = model_dir(repo / "snapshots" / "abc", LLAMA)
+    (repo / "refs").mkdir()
+    os.mkfifo(repo / "refs" / "main")
+    info = load_model_config("org/m", env={"HF_HUB_CACHE": str(hub)})
+    assert info.model_dir == str(snap)

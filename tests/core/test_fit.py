@@ -207,6 +207,20 @@ def test_small_gpus_use_the_small_buckets():
     assert 0.8 < fit.auto_mem_fraction_static(180 * GiB, plan(), mla=False) < 0.9
 
 
+@pytest.mark.parametrize("total", [0, -1, 1])
+def test_auto_mem_fraction_never_divides_by_zero(total):
+    """Validation refuses such GPUs at the edge; core still answers (no room) for any input."""
+    assert fit.auto_mem_fraction_static(total, plan("--tp", "8"), mla=False) == 0.0
+
+
+def test_sizes_with_a_zero_cell_or_page_do_not_divide_by_zero():
+    assert fit.size_mode_pool_bytes(10, 0, 0, 1) == 0
+    assert fit.page_aligned_tokens(100, 0) == 101
+    kwargs: dict[str, Any] = {"gpu_free_bytes": GB, "weights_per_rank_bytes": 0}
+    kwargs |= {"mem_fraction_static": 0.9, "bytes_per_token": 1000, "max_total_tokens": None}
+    assert fit.estimate_device_tokens(page_size=0, **kwargs) == 900_000
+
+
 def test_device_tokens_are_page_floored_and_capped():
     kwargs: dict[str, Any] = {
         "gpu_free_bytes": 100 * GB,

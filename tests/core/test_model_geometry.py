@@ -16,6 +16,7 @@ from supervisor.core.model_geometry import (
     kv_cache_dtype,
     kv_heads_per_rank,
     layers_per_rank,
+    tp_split_problem,
 )
 from supervisor.core.sglang_args import parse_launch_args
 
@@ -91,6 +92,53 @@ def test_pipeline_stage_holds_its_share_of_layers_rounded_up():
 def test_dp_attention_splits_kv_heads_over_the_attention_tp_only():
     dp_attn = plan("--tp", "8", "--dp", "8", "--enable-dp-attention")
     assert kv_heads_per_rank(model("llama-3-70b"), dp_attn) == 8
+
+
+@pytest.mark.parametrize("tp", ["1", "2", "4", "8", "16", "32", "64"])
+def test_a_tp_that_splits_the_heads_evenly_is_no_problem(tp):
+    assert tp_split_problem(model("llama-3-70b"), plan("--tp", tp)) is None
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "message"),
+    [
+        ("llama-3-70b", ("--tp", "3"), "--tp-size 3 does not divide the 64 attention heads"),
+        ("llama-3-70b", ("--tp", "6"), "--tp-size 6 does not divide the 64 attention heads"),
+        (
+            {"num_attention_heads": 48, "num_key_value_heads": 12},
+            ("--tp", "8"),
+            "--tp-size 8 does not divide the 12 KV heads",
+        ),
+        (
+            {"num_attention_heads": 48, "num_key_value_heads": 16},
+            ("--tp", "24"),
+            "--tp-size 24 is not a multiple of the 16 KV heads",
+        ),
+        ("kimi-k2.5", ("--tp", "3"), "--tp-size 3 does not divide the 64 attention heads"),
+    ],
+)
+def test_a_tp_sglang_cannot_split_the_heads_over_is_named(config, args, message):
+    """SGLang asserts these when it builds the attention layers, after the load has begun."""
+    geometry = model(config) if isinstance(config, str) else config
+    problem = tp_split_problem(geometry, plan(*args))
+    assert problem is not None
+    assert message in problem
+
+
+def test_the_split_is_over_the_attention_tp_with_dp_attention():
+    # 8 ranks as 4 attention-DP groups of TP 2: each group splits 48 heads / 12 KV heads in two.
+    dp_attn = plan("--tp", "8", "--dp", "4", "--enable-dp-attention")
+    assert tp_split_problem({"num_attention_heads": 48, "num_key_value_heads": 12}, dp_attn) is None
+    assert tp_split_problem(model("kimi-k2.5"), dp_attn) is None
+
+
+def test_mla_checks_only_the_attention_heads():
+    assert tp_split_problem(model("deepseek-v3"), plan("--tp", "16")) is None
+    assert tp_split_problem({"kv_lora_rank": 512, "num_attention_heads": 128}, plan("--tp", "3"))
+
+
+def test_a_config_without_heads_leaves_the_split_to_the_kv_arithmetic():
+    assert tp_split_problem({"num_hidden_layers": 2}, plan("--tp", "3")) is None
 
 
 def test_auto_kv_dtype_follows_the_model_unless_the_checkpoint_declares_fp8():

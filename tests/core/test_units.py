@@ -23,9 +23,11 @@ from supervisor.core.units import (
         ("96GiB", 96 * GiB),
         ("512 MiB", 512 * MiB),
         ("1.5TB", 1_500 * GB),
-        ("1024", 1024),
-        (4096, 4096),
+        ("1024B", 1024),
         ("10gib", 10 * GiB),
+        ("0", 0),
+        (0, 0),
+        ("0.0", 0),
     ],
 )
 def test_parse_size_accepts_decimal_and_binary_units(text: str | int, expected: int) -> None:
@@ -35,6 +37,16 @@ def test_parse_size_accepts_decimal_and_binary_units(text: str | int, expected: 
 @pytest.mark.parametrize("text", ["96G", "12 furlongs", "-5GB", "GB", "", "1e400GB"])
 def test_parse_size_refuses_unknown_or_ambiguous_units(text: str) -> None:
     with pytest.raises(ValueError, match=r"size|unit"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [("445", "445"), (445, "445"), ("1024", "1024"), (1.5, "1.5"), (" 96 ", "96")],
+)
+def test_a_bare_number_is_not_taken_for_bytes(text: str | float, shown: str) -> None:
+    """A bare 445 meant 445 GB far more often than 445 bytes: ask for the unit."""
+    with pytest.raises(ValueError, match=f"^{shown} has no unit: write {shown}GB or {shown}GiB"):
         parse_size(text)
 
 

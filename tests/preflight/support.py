@@ -32,5 +32,5 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
     code, out, err = run(capsys, "preflight", "--json", *args)
-    assert not err
+    assert not err, err
     return code, json.loads(out)

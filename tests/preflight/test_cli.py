@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from supervisor.core.units import GB
@@ -38,15 +40,16 @@ def test_seed_box_with_48_gb_fits(capsys):
     assert data["verdict"] == "fit"
 
 
-def test_print_args_substitutes_the_safe_size_in_place_and_redacts_secrets(capsys):
+def test_print_args_substitutes_the_safe_size_in_place_and_hides_secrets(capsys):
     args = [*KIMI_ARGS, "--hicache-size=300", "--api-key", "s3cret", "--port", "30001"]
-    code, out, _ = run(capsys, "preflight", "--print-args", *SEED_FACTS, "--", *args)
+    code, out, err = run(capsys, "preflight", "--print-args", *SEED_FACTS, "--", *args)
     assert code == 0
     line = out.strip()
     assert line.endswith(
-        "--enable-hierarchical-cache --hicache-size=49 --api-key '***' --port 30001"
+        '--enable-hierarchical-cache --hicache-size=49 --api-key "$SGLANG_API_KEY" --port 30001'
     )
-    assert "s3cret" not in out
+    assert "s3cret" not in out + err
+    assert "export SGLANG_API_KEY" in err
 
 
 def test_print_args_when_nothing_fits_exits_1(capsys):
@@ -288,3 +291,23 @@ def test_unknown_size_unit_in_the_config_is_named(capsys, tmp_path):
     code, _, err = run(capsys, "preflight", "--config", str(cfg), "--", *KIMI_ARGS)
     assert code == 2
     assert "preflight.reserve" in err
+
+
+def test_on_this_host_other_instances_starting_are_counted_from_the_ledger(capsys, tmp_path):
+    """Planning nothing (no --mem-available): the host is read, and so is the ledger."""
+    from supervisor.adapters.ledger import Ledger
+    from tests.adapters.test_ledger import as_pid
+
+    ledger_dir = tmp_path / "ledger"
+    as_pid(Ledger(ledger_dir, "neighbour"), os.getppid()).set(planned_bytes=3 * GB)
+    config = tmp_path / "c.toml"
+    config.write_text(f'[preflight]\nledger_dir = "{ledger_dir}"\n')
+    args = ["--config", str(config), "--model-config", str(LLAMA), "--gpu-backend", "none"]
+    args += ["--gpus", "2", "--gpu-memory", "80GiB"]
+    launch = ["--", "--model-path", "m", "--tp", "2"]
+    _, data = run_json(capsys, *args, *launch)
+    ledger = next(c for c in data["checks"] if c["name"] == "ledger")
+    assert ledger["detail"].startswith("3.0 GB planned and not yet pinned")
+    assert "(neighbour)" in ledger["detail"]
+    _, planned = run_json(capsys, *args, "--mem-available", "445GB", *launch)
+    assert not any(c["name"] == "ledger" for c in planned["checks"]), "another host's plan"

@@ -258,3 +258,14 @@ def test_pyyaml_is_imported_only_for_sglangs_own_config_file(tmp_path):
     flags.write_text("hicache-size: 48\n", encoding="utf-8")
     argv = ["--config", str(SEED), "--", *KIMI_ARGS, "--config", str(flags)]
     assert imported_by_preflight(*argv) == ["yaml"]
+
+
+@pytest.mark.timeout(10)  # a regression blocks in open() on the FIFO: fail, never hang
+def test_a_fifo_as_the_measurements_file_is_ignored_with_a_warning(tmp_path):
+    from supervisor.preflight.measurements import FILE_NAME, load_records
+
+    os.mkfifo(tmp_path / FILE_NAME)
+    records, problem = load_records(tmp_path)
+    assert records == ()
+    assert problem is not None
+    assert "not a regular file (a FIFO)" in problem
