@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
+import signal
 import sys
 
-import click
 
-from supervisor import __version__
-from supervisor.errors import ExitCode, SupervisorError
+def _hold_signals_for_run() -> None:
+    """`sglang-supervisor run` started as a program: hold its signals pending from here until
+    its handlers exist (commands/run.py), so a stop during start-up is queued, not fatal."""
+    entry = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if sys.argv[1:2] == ["run"] and entry in ("sglang-supervisor", "__main__.py"):
+        held = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, held | {signal.SIGUSR1, signal.SIGUSR2})
+
+
+_hold_signals_for_run()  # before the imports below: they are most of the start-up
+
+import click  # noqa: E402
+
+from supervisor import __version__  # noqa: E402
+from supervisor.errors import ExitCode, SupervisorError  # noqa: E402
 
 # Each command lives in its own module and is imported only when it runs (or for --help):
 # `preflight` must start in well under a second and not pay for the runner's imports.

@@ -4,9 +4,38 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
+
+from supervisor.core.redact import Redactor
+
+# Every event, and every state or incident file, passes through this: the secrets `run` knows
+# (API keys, the values of secret-named variables of its environment and the server's) and the
+# shapes of the ones it does not (core/redact.py). Replaced by register_secrets.
+_redactor = Redactor()
+
+
+def register_secrets(values: Iterable[str]) -> None:
+    """The secret values to mask from now on, everywhere this module scrubs."""
+    global _redactor  # one process-wide set, read by every thread's log calls
+    _redactor = Redactor(values)
+
+
+def scrub(value: Any) -> Any:
+    """`value` with every string in it (nested lists and dicts included) redacted."""
+    if isinstance(value, str):
+        return _redactor(value)
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(scrub(v) for v in value)
+    return value
+
+
+def _scrub_event(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    return {key: scrub(value) for key, value in event.items()}
 
 
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
@@ -28,6 +57,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _scrub_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(

@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 
 from supervisor.adapters.nvml import open_gpu_sensor
+from supervisor.adapters.processes import own_child, spawning
 from supervisor.core.readings import GpuProcess, GpuState
 
 log = structlog.get_logger("supervisor.gpu_guard")
@@ -149,16 +150,19 @@ class GuardedGpuSensor:
     def _start(self) -> subprocess.Popen[str]:
         argv = [sys.executable, "-m", "supervisor.adapters.gpu_guard", "--module", self.module]
         self._answered = False
-        return subprocess.Popen(
-            argv,
-            env={**os.environ, **self.env} if self.env is not None else None,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            close_fds=True,
-        )
+        with spawning():  # its exit status is its Popen's, never the orphan reaper's
+            worker = subprocess.Popen(
+                argv,
+                env={**os.environ, **self.env} if self.env is not None else None,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                bufsize=1,
+                close_fds=True,
+            )
+            own_child(worker)
+        return worker
 
     def _query(self) -> tuple[GpuState, ...] | None:
         if self._worker is None or self._worker.poll() is not None:

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Mapping
 
 from supervisor.core.gpu_release import ResetOutcome
+from supervisor.core.redact import redact_line
 
 _OUTPUT_CHARS = 500  # enough for nvidia-smi's one-line verdict, bounded for logs and incidents
 
@@ -48,6 +49,7 @@ class CommandGpuResetter:
 
     def reset(self, index: int, uuid: str) -> ResetOutcome:
         argv = reset_argv(self.template, index, uuid)
+        shown = redact_line(shlex.join(argv))  # a hypervisor hook may carry a token
         try:
             done = subprocess.run(  # operator-configured command, run without a shell
                 argv,
@@ -58,15 +60,13 @@ class CommandGpuResetter:
                 env=self.env,
             )
         except subprocess.TimeoutExpired:
-            return ResetOutcome(
-                ok=False, detail=f"{shlex.join(argv)} timed out after {self.timeout_s:g} s"
-            )
+            return ResetOutcome(ok=False, detail=f"{shown} timed out after {self.timeout_s:g} s")
         except OSError as exc:
-            return ResetOutcome(ok=False, detail=f"{shlex.join(argv)}: {exc.strerror or exc}")
-        output = (done.stdout + done.stderr).strip()[-_OUTPUT_CHARS:]
+            return ResetOutcome(ok=False, detail=f"{shown}: {exc.strerror or exc}")
+        output = redact_line((done.stdout + done.stderr).strip()[-_OUTPUT_CHARS:])
         if done.returncode != 0:
             return ResetOutcome(
                 ok=False,
-                detail=f"{shlex.join(argv)} exited {done.returncode}: {output}",
+                detail=f"{shown} exited {done.returncode}: {output}",
             )
         return ResetOutcome(ok=True, detail=output)

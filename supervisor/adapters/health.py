@@ -51,6 +51,8 @@ class HttpHealthProbe:
             return HealthStatus.READY
         if response.status_code == 503:
             return HealthStatus.WARMING
+        if response.status_code == 404:
+            return HealthStatus.NOT_FOUND
         return HealthStatus.ERROR
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO
 
 from supervisor.adapters.cgroup import ServerCgroup
+from supervisor.adapters.processes import disown_child, own_child, spawning
 from supervisor.adapters.procfs import ProcReader
 from supervisor.adapters.reclaim import process_mrelease
 from supervisor.adapters.tree import ExitWatcher, TreeReader
@@ -153,6 +154,7 @@ class ServerProcess:
         self._scan_due = True
         self._settled = False
         self._watcher: ExitWatcher | None = None
+        self._seen: dict[int, int] = {}  # every member seen alive: pid -> start ticks
         self.memory_released = 0
         self.reader.read([self.pid])  # opens the main process's files and pidfd at once
 
@@ -177,16 +179,18 @@ class ServerProcess:
             OSError: the command cannot be executed (FileNotFoundError, PermissionError, ...).
         """
         files = cgroup.join_files if cgroup is not None else ()
-        popen = subprocess.Popen(
-            list(argv),
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=_child_setup(os.getpid(), oom_score_adj, files),
-        )
+        with spawning():  # its exit status classifies the death: never the orphan reaper's
+            popen = subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_child_setup(os.getpid(), oom_score_adj, files),
+            )
+            own_child(popen)
         assert popen.stdout is not None  # stdout=PIPE
         pump = OutputPump(popen.stdout, sink, redact, tail_lines=tail_lines)
         pump.start()
@@ -205,11 +209,18 @@ class ServerProcess:
 
     def tree(self) -> tuple[ProcessInfo, ...]:
         """Every process of the tree now, zombies included."""
-        return self.reader.read(self._members(), titles=True)
+        return self._note(self.reader.read(self._members(), titles=True))
 
     def refresh(self, known: Sequence[ProcessInfo]) -> tuple[ProcessInfo, ...]:
         """The known processes re-read through their open files; vanished ones left out."""
-        return self.reader.read(p.pid for p in known)
+        return self._note(self.reader.read(p.pid for p in known))
+
+    def _note(self, infos: tuple[ProcessInfo, ...]) -> tuple[ProcessInfo, ...]:
+        self._seen.update((p.pid, p.start_ticks) for p in infos if p.start_ticks)
+        return infos
+
+    def members_seen(self) -> Mapping[int, int]:
+        return dict(self._seen)
 
     def charged_bytes(self) -> int | None:
         """anon + shmem of the whole tree from its cgroup; None in /proc mode."""
@@ -332,11 +343,8 @@ class ServerProcess:
         return tuple(sorted(set(pidfds) | (set(self.cgroup.pids()) if self.cgroup else set())))
 
     def reap(self) -> None:
-        """Collect exit statuses of the tree's processes that are our children.
-
-        Not waitpid(-1): that would also steal the status of other children of the supervisor
-        (an NVML worker, a reset command) and make their Popen report exit 0.
-        """
+        """Collect exit statuses of the tree's processes that are our children. Not waitpid(-1):
+        that would steal the status of the supervisor's other children (an NVML worker)."""
         self._popen.poll()
         me = os.getpid()
         for info in self.reader.read(self.reader.known()):
@@ -355,6 +363,8 @@ class ServerProcess:
             self._watcher.close()
             self._watcher = None
         self.reader.close()
+        if self._popen.poll() is not None:
+            disown_child(self.pid)  # reaped: its PID may be someone else's from now on
 
 
 class SubprocessLauncher:

@@ -9,11 +9,22 @@ from pathlib import Path
 import click
 
 from supervisor.config import load_config
+from supervisor.config.sections import instance_name_problem
+from supervisor.errors import ConfigError
 from supervisor.run.state import RunState, StateStore, default_state_dir
 
 
 def state_dir_for(config_path: Path | None, state_dir: Path | None, name: str | None) -> Path:
-    """--state-dir, else [run] state_dir, else /var/lib/sglang-supervisor/<name>."""
+    """--state-dir, else [run] state_dir, else /var/lib/sglang-supervisor/<name>.
+
+    Raises:
+        ConfigError: `name` is not an instance name (a '/' would nest directories, ".." climb
+            out of the state root), or the config file is bad.
+    """
+    if name is not None:
+        problem = instance_name_problem(name)
+        if problem is not None:
+            raise ConfigError(f"--name {name!r}: {problem} (the rule of [run] name)")
     if state_dir is not None:
         return state_dir
     config = load_config(config_path)
@@ -23,19 +34,30 @@ def state_dir_for(config_path: Path | None, state_dir: Path | None, name: str | 
 
 
 def reset_state(store: StateStore) -> tuple[RunState, RunState]:
-    """Clear the override and the restart history; returns (before, after)."""
-    before = store.load()
-    after = dataclasses.replace(
-        before,
-        hicache_size_override_gb=None,
-        override_reason=None,
-        restart_count=0,
-        last_failure=None,
-        last_failure_hint=None,
-        last_failure_at=None,
-    )
+    """Clear the override and the restart history; returns (before, after).
+
+    Under the state directory's lock, the one `run` holds for its whole life: a live supervisor
+    would write its own state over the reset (or read it halfway).
+
+    Raises:
+        ConfigError: the directory is not writable, or a live supervisor holds it (its PID).
+    """
     store.ensure_writable()
-    store.save(after)
+    store.claim()
+    try:
+        before = store.load()
+        after = dataclasses.replace(
+            before,
+            hicache_size_override_gb=None,
+            override_reason=None,
+            restart_count=0,
+            last_failure=None,
+            last_failure_hint=None,
+            last_failure_at=None,
+        )
+        store.save(after)
+    finally:
+        store.release()
     return before, after
 
 

@@ -20,9 +20,11 @@ import click
 import structlog
 
 from supervisor.config import RunConfig, RunSettings, SupervisorConfig, load_config
+from supervisor.core.redact import secret_values
 from supervisor.core.sglang_args import ArgvError
 from supervisor.core.units import parse_duration
 from supervisor.errors import ConfigError, ExitCode, ServerArgsRejected, SupervisorError
+from supervisor.log import register_secrets
 from supervisor.preflight.reader import argv_problem, launch_reader
 from supervisor.run.state import StateStore, default_state_dir
 
@@ -78,6 +80,7 @@ _RUN_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ("--max-restarts", "max_restarts", int, "More restarts within the window = crash loop (5)."),
     ("--restart-window", "restart_window_s", _DURATION, "Window for --max-restarts (30min)."),
     ("--oom-score-adj", "oom_score_adj", int, "oom_score_adj of the server tree (500)."),
+    ("--keep-files", "keep_files", int, "Incident reports kept, the newest (100)."),
     (
         "--cgroup",
         "cgroup",
@@ -230,7 +233,13 @@ def run(
     problem = check_reset_command(settings.config.gpu.reset_command)
     if problem is not None:
         raise ConfigError(problem)
-    store = StateStore(settings.state_dir)
+    register_secrets(
+        secret_values(
+            settings.reader.plan(settings.server_args),
+            {**os.environ, **settings.config.server.env},
+        )
+    )
+    store = StateStore(settings.state_dir, keep_files=settings.run.keep_files)
     store.ensure_writable()
     store.claim()
     configure_logging(settings.run.log_format, settings.run.log_level)
@@ -248,9 +257,11 @@ def build_runner(
     cgroup: ServerCgroup | None = None,
 ) -> Runner:
     """The production runner: real processes, HTTP health probes, the system clock."""
+    from supervisor.adapters import shm
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.gpu_reset import CommandGpuResetter
     from supervisor.adapters.health import HttpHealthProbe, health_url
+    from supervisor.adapters.ledger import open_ledger
     from supervisor.adapters.processes import SystemProcesses
     from supervisor.adapters.server_process import SubprocessLauncher
     from supervisor.run.plugins import RunnerIO
@@ -276,23 +287,38 @@ def build_runner(
             if gpu.reset_command
             else None
         ),
+        sweep_shm=shm.sweep,
+        # A run is on this host even when its facts are given: it keeps the ledger always.
+        reservations=open_ledger(settings.config.preflight.ledger_dir, settings.instance),
     )
     return Runner(settings, store, io, guard.plugins)
 
 
 def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
+    from supervisor.adapters import events as signals
+    from supervisor.adapters.server_process import become_subreaper
     from supervisor.run.containment import contain, release
 
-    # Before any child (the NVML worker) starts: it then lives in our own leaf group.
-    containment = contain(settings.instance, settings.run.cgroup)
+    # Handlers first, then the signals held since the process started are delivered (queued as
+    # events): before any child exists, since children inherit the signal mask.
+    events = signals.QueueEvents()
+    previous = signals.install_signal_handlers(events)
+    signals.unblock_signals()
+    become_subreaper()
     try:
-        return _supervise(settings, store, containment.server)
+        # Before any child (the NVML worker) starts: it then lives in our own leaf group.
+        containment = contain(settings.instance, settings.run.cgroup)
+        try:
+            return _supervise(settings, store, containment.server, events)
+        finally:
+            release(containment)
     finally:
-        release(containment)
+        signals.restore_signal_handlers(previous)
 
 
-def _supervise(settings: RunSettings, store: StateStore, cgroup: ServerCgroup | None) -> int:
-    from supervisor.adapters.events import QueueEvents
+def _supervise(
+    settings: RunSettings, store: StateStore, cgroup: ServerCgroup | None, events: QueueEvents
+) -> int:
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.memory.guard import MemoryGuard
     from supervisor.preflight.sensors import guarded_sensor
@@ -305,7 +331,6 @@ def _supervise(settings: RunSettings, store: StateStore, cgroup: ServerCgroup | 
     guard = MemoryGuard(
         settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
     )
-    events = QueueEvents()
     runner = build_runner(
         settings, store, sensor, guard, notifier=SdNotifier(), events=events, cgroup=cgroup
     )
@@ -316,7 +341,7 @@ def _supervise(settings: RunSettings, store: StateStore, cgroup: ServerCgroup | 
         **launch.describe_settings(settings, settings.reader.plan(settings.server_args)),
     )
     try:
-        return run_with_signals(runner, events)
+        return runner.run()
     except SupervisorError:
         raise
     except Exception:  # the one broad catch: logged with traceback; the tree is already killed
@@ -328,7 +353,7 @@ def _supervise(settings: RunSettings, store: StateStore, cgroup: ServerCgroup | 
 
 
 def run_with_signals(runner: Runner, events: QueueEvents) -> int:
-    """Run the loop as the tree's subreaper with SIGTERM/SIGINT queued as stop events."""
+    """Run the loop as the tree's subreaper with the signals queued as events (the demo)."""
     from supervisor.adapters.events import install_signal_handlers, restore_signal_handlers
     from supervisor.adapters.server_process import become_subreaper
 

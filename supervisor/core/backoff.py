@@ -24,11 +24,13 @@ class RunEnd(str, Enum):
     GPU_UNRECOVERABLE = "gpu_unrecoverable"  # a GPU stays held: relaunching onto it is unsafe
     STARTUP_FAILED = "startup_failed"  # loaded, with progress, for the whole startup_timeout
     CRASH_LOOP = "crash_loop"  # too many restarts within the window
+    BAD_CONFIG = "bad_config"  # the supervisor's own setting is wrong (e.g. its health path)
 
 
 _TERMINAL: dict[FailureKind, RunEnd] = {
     FailureKind.BAD_FLAGS: RunEnd.ARGS_REJECTED,
     FailureKind.GPU_DIRTY: RunEnd.GPU_UNRECOVERABLE,
+    FailureKind.HEALTH_PATH_MISSING: RunEnd.BAD_CONFIG,
     # A load that progressed for the whole hard limit would take as long again.
     FailureKind.STARTUP_TIMEOUT: RunEnd.STARTUP_FAILED,
 }

@@ -34,6 +34,7 @@ class FailureKind(str, Enum):
     EXITED_UNEXPECTEDLY = "exited_unexpectedly"
     MEMORY_KILL = "memory_kill"  # the watchdog killed the group before the host ran out
     GPU_DIRTY = "gpu_dirty"  # GPU memory stayed held after the tree was gone
+    HEALTH_PATH_MISSING = "health_path_missing"  # the server answers 404 on run.health_path
 
 
 _HINTS: dict[FailureKind, str] = {
@@ -62,6 +63,8 @@ _HINTS: dict[FailureKind, str] = {
     "launch may use a smaller --hicache-size",
     FailureKind.GPU_DIRTY: "GPU memory stayed held after the server was gone; the GPU needs a "
     "reset before SGLang can use it again",
+    FailureKind.HEALTH_PATH_MISSING: "the server answers 404 on the health path: it does not "
+    "exist there; set run.health_path (--health-path) to /health or /health_generate",
 }
 
 
@@ -118,11 +121,9 @@ def classify(
     exited_by_itself = not context.killed_by_us and (
         exit_code is not None or signal_number is not None
     )
-    if (
-        exited_by_itself
-        and exit_code == 2
-        and (LogMark.ARGPARSE_ERROR in kinds or not context.was_ready)
-    ):
+    # Only SGLang's argparse says "bad flags": a rank that died at init with status 2 ("Rank 0
+    # scheduler died during initialization (exit code: 2)") is a crash, retried.
+    if exited_by_itself and exit_code == 2 and LogMark.ARGPARSE_ERROR in kinds:
         message = argparse_message(log_tail)
         suffix = f": {message}" if message else ""
         return Classification(FailureKind.BAD_FLAGS, _HINTS[FailureKind.BAD_FLAGS] + suffix)

@@ -13,12 +13,25 @@ from enum import Enum
 from supervisor.core.classify import FailureKind
 
 
+class SignalAction(str, Enum):
+    """What a signal asks of the supervisor (adapters/events.py maps each signal to one)."""
+
+    STOP = "stop"  # SIGTERM, SIGINT, SIGQUIT: drain and stop
+    RELOAD = "reload"  # SIGHUP: logged, the server untouched (no reload is defined yet)
+    STATUS = "status"  # SIGUSR1: the current status in the log
+
+
 @dataclass(frozen=True, slots=True)
 class SignalEvent:
     """A signal the supervisor received; `name` is the signal's name (SIGTERM)."""
 
     signum: int
     name: str
+    action: SignalAction = SignalAction.STOP
+
+    @property
+    def stops(self) -> bool:
+        return self.action is SignalAction.STOP
 
 
 class MemoryAction(str, Enum):

@@ -42,18 +42,20 @@ class ServerState(str, Enum):
 
 _S = ServerState
 
+# FATAL: the run ends with a non-zero exit; reachable from every state but the end states, as a
+# refusal can come before the first launch (the pre-flight) or during any wait (GPU release).
 TRANSITIONS: dict[ServerState, frozenset[ServerState]] = {
-    _S.STOPPED: frozenset({_S.LAUNCHING}),
+    _S.STOPPED: frozenset({_S.LAUNCHING, _S.FATAL}),
     # LAUNCHING -> UNHEALTHY: the process died before the first check (bad flag, port in use).
-    _S.LAUNCHING: frozenset({_S.LOADING, _S.UNHEALTHY, _S.STOPPING}),
+    _S.LAUNCHING: frozenset({_S.LOADING, _S.UNHEALTHY, _S.STOPPING, _S.FATAL}),
     # LOADING -> READY: --skip-server-warmup, or a 503 phase shorter than one probe interval.
-    _S.LOADING: frozenset({_S.WARMING, _S.READY, _S.UNHEALTHY, _S.STOPPING}),
-    _S.WARMING: frozenset({_S.READY, _S.UNHEALTHY, _S.STOPPING}),
-    _S.READY: frozenset({_S.UNHEALTHY, _S.STOPPING}),
+    _S.LOADING: frozenset({_S.WARMING, _S.READY, _S.UNHEALTHY, _S.STOPPING, _S.FATAL}),
+    _S.WARMING: frozenset({_S.READY, _S.UNHEALTHY, _S.STOPPING, _S.FATAL}),
+    _S.READY: frozenset({_S.UNHEALTHY, _S.STOPPING, _S.FATAL}),
     # UNHEALTHY -> STOPPING: a stop signal arrived while the dead tree was being killed.
     _S.UNHEALTHY: frozenset({_S.BACKOFF, _S.FATAL, _S.STOPPING}),
     _S.BACKOFF: frozenset({_S.LAUNCHING, _S.STOPPING, _S.FATAL}),
-    _S.STOPPING: frozenset({_S.STOPPED}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.FATAL}),
     _S.FATAL: frozenset(),
 }
 
@@ -80,6 +82,7 @@ class HealthStatus(str, Enum):
     WARMING = "warming"  # 503: warming up, draining, or unhealthy after ready
     READY = "ready"  # 200
     TIMEOUT = "timeout"  # no answer within health_timeout
+    NOT_FOUND = "not_found"  # 404: the server is up, the health path is not one of its routes
     ERROR = "error"  # any other status or transport error
 
 

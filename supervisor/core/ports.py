@@ -7,10 +7,12 @@ outside thing it replaces.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from supervisor.core.events import Event, KillReason
 from supervisor.core.gpu_release import ResetOutcome
+from supervisor.core.ledger import Reservation
 from supervisor.core.ownership import ProcessMarks
 from supervisor.core.readings import ExitStatus, GpuState, ProcessInfo
 
@@ -123,6 +125,10 @@ class LaunchedServer(ServerHandle, Protocol):
         """The server is ready: its membership has settled."""
         ...
 
+    def members_seen(self) -> Mapping[int, int]:
+        """PID -> start ticks of every process of the tree seen alive so far."""
+        ...
+
     def watch_exits(self, notify: Callable[[], None]) -> None:
         """From now on call `notify` (from any thread) when a process of the tree exits."""
         ...
@@ -171,6 +177,10 @@ class Processes(Protocol):
         """Collect the exit status of those that are our children (no zombies left behind)."""
         ...
 
+    def reap_orphans(self) -> list[int]:
+        """As a container's PID 1, reap every orphaned zombie no one else waits for."""
+        ...
+
     def oom_kill_count(self) -> int | None:
         """The kernel's OOM-kill counter, None when unknown."""
         ...
@@ -208,3 +218,25 @@ class Notifier(Protocol):
     def extend_timeout(self, seconds: float) -> bool: ...
 
     def stopping(self, status: str | None = None) -> bool: ...
+
+
+class ReservationBook(Protocol):
+    """The host-wide reservation ledger while its lock is held (adapters.ledger)."""
+
+    def others(self) -> tuple[Reservation, ...]:
+        """Live entries of other supervisors with bytes still to pin."""
+        ...
+
+    def set(self, planned_bytes: int, pinned_bytes: int = 0) -> None: ...
+
+
+class Reservations(Protocol):
+    """This supervisor's entry in the host-wide reservation ledger (core/ledger.py)."""
+
+    def session(self) -> AbstractContextManager[ReservationBook]:
+        """The ledger under its lock: a pre-flight and the reservation it leads to in one."""
+        ...
+
+    def set(self, planned_bytes: int, pinned_bytes: int = 0) -> None: ...
+
+    def drop(self) -> None: ...

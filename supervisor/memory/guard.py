@@ -116,6 +116,7 @@ class MemoryGuard:
             state_dir=self.settings.state_dir,
             run_id=info.run_id,
             incident_log_lines=self.cfg.incident_log_lines,
+            keep_files=self.settings.run.keep_files,
         )
         return self.dog
 
@@ -147,6 +148,7 @@ class MemoryGuard:
             "gpu_unrecoverable",
             result.reason,
             {"gpu_release": result.as_dict(), "pid": os.getpid()},
+            keep=self.settings.run.keep_files,
         )
         if incident is not None and self.incident is not None:
             self.incident.record_next("gpu_unrecoverable", incident=str(incident.path))

@@ -23,6 +23,8 @@ from supervisor.core.policy import Decision, Limits, Reading
 from supervisor.core.ports import Clock
 from supervisor.core.readings import GpuState, ProcessInfo
 from supervisor.core.redact import redact_line
+from supervisor.log import scrub
+from supervisor.run.state import KEEP_FILES, prune
 
 log = structlog.get_logger("supervisor.incident")
 
@@ -141,8 +143,10 @@ class Incident:
         summary: str,
         details: Mapping[str, Any],
         clock: Clock | None = None,
+        keep: int = KEEP_FILES,
     ) -> Incident | None:
-        """Write a new incident; None (logged) when the state directory is not writable."""
+        """Write a new incident (and keep only the `keep` newest); None (logged) when the state
+        directory is not writable."""
         clock = clock or SystemClock()
         now = clock.wall()
         stamp = utc(now, "%Y%m%dT%H%M%SZ")
@@ -165,6 +169,9 @@ class Incident:
             log.error("incident_not_written", kind=kind, summary=summary, error=str(exc))
             return None
         log.warning("incident_written", kind=kind, summary=summary, path=str(incident.path))
+        removed = prune(state_dir, "incident-*.json", keep)
+        if removed:
+            log.info("incidents_pruned", removed=len(removed), kept=keep)
         return incident
 
     def record_next(self, step: str, **data: Any) -> None:
@@ -178,4 +185,5 @@ class Incident:
                 log.error("incident_not_updated", path=str(self.path), error=str(exc))
 
     def _write(self) -> None:
-        write_text_atomic(self.path, json.dumps(self.data, indent=2, default=str) + "\n")
+        text = json.dumps(scrub(self.data), indent=2, default=str)  # no secret reaches the file
+        write_text_atomic(self.path, text + "\n")

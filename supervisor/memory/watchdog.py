@@ -78,6 +78,7 @@ class MemoryWatchdog:
         clock: Clock | None = None,
         rescan_s: float = RESCAN_S,
         incident_log_lines: int = 200,
+        keep_files: int = 100,
     ) -> None:
         self.server = server
         self.limits = limits
@@ -92,6 +93,7 @@ class MemoryWatchdog:
         self.clock: Clock = clock or SystemClock()
         self.rescan_s = rescan_s
         self.incident_log_lines = incident_log_lines
+        self.keep_files = keep_files
         self._scanned_pids: frozenset[int] = frozenset()
         self._members_settled = False
         self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
@@ -316,7 +318,9 @@ class MemoryWatchdog:
         )
         details["run_id"] = self.run_id
         details["server_pid"] = self.server.pid
-        return Incident.create(self.state_dir, kind, decision.reason, details, self.clock)
+        return Incident.create(
+            self.state_dir, kind, decision.reason, details, self.clock, keep=self.keep_files
+        )
 
     def _after_kill(self) -> None:
         """Watch the killed tree disappear, for the incident's "what happened next"."""

@@ -13,8 +13,8 @@ import structlog
 
 from supervisor.core.checks import FitReport
 from supervisor.core.classify import Classification, DeathContext, FailureKind, classify
-from supervisor.core.events import KillReason
-from supervisor.core.ports import Clock, LaunchedServer, Processes
+from supervisor.core.events import STOP_REQUESTED, KillReason, SignalEvent
+from supervisor.core.ports import Clock, EventQueue, LaunchedServer, Processes
 from supervisor.core.readings import ExitStatus
 from supervisor.core.sglang_args import LaunchPlan
 
@@ -110,3 +110,28 @@ def kill_and_classify(
         pids=list(pids),
     )
     return result, exited_first, pids
+
+
+_STOP_POLL_S = 0.1
+
+
+def drain_then_kill(
+    server: LaunchedServer,
+    grace_s: float,
+    clock: Clock,
+    events: EventQueue,
+    feed_watchdog: Callable[[], None],
+) -> tuple[int, ...]:
+    """SIGTERM the main process, give it `grace_s` to drain and exit (a second stop signal cuts
+    it short), then SIGKILL the whole tree and wait until it is gone; the PIDs signalled."""
+    server.terminate(STOP_REQUESTED)
+    deadline = clock.monotonic() + grace_s
+    while server.poll() is None and (left := deadline - clock.monotonic()) > 0:
+        event = events.get(min(_STOP_POLL_S, left))
+        if isinstance(event, SignalEvent) and event.stops:
+            log.warning("stop_escalated", signal=event.name)
+            break
+        feed_watchdog()
+    pids = server.kill_all(STOP_REQUESTED)
+    wait_tree_gone(server, clock, STOP_REQUESTED)
+    return pids

@@ -1,5 +1,6 @@
 """A clock for the run loop's blocking waits (leftover cleanup, GPU release, backoff): each wait
-keeps systemd's watchdog fed and ends early with StopRequested when a stop signal is queued.
+keeps systemd's watchdog fed, ends early with StopRequested when a stop signal is queued, and
+answers the other signals (HUP, USR1) without ending.
 
 The queue itself is core.ports.EventQueue (adapters/events.py in production).
 """
@@ -28,11 +29,16 @@ class EventClock:
     events are kept in `held` (a dead server's watchdog events are dropped by the caller)."""
 
     def __init__(
-        self, clock: Clock, events: EventQueue, on_tick: Callable[[], None] = lambda: None
+        self,
+        clock: Clock,
+        events: EventQueue,
+        on_tick: Callable[[], None] = lambda: None,
+        on_signal: Callable[[SignalEvent], None] = lambda _event: None,
     ) -> None:
         self._clock = clock
         self._events = events
         self._on_tick = on_tick
+        self._on_signal = on_signal
         self.held: list[Event] = []
 
     def monotonic(self) -> float:
@@ -40,6 +46,11 @@ class EventClock:
 
     def wall(self) -> float:
         return self._clock.wall()
+
+    def poll(self) -> None:
+        """Act on the events queued already, without waiting (a stop raises StopRequested)."""
+        while (event := self._events.get(0.0)) is not None:
+            self._take(event)
 
     def sleep(self, seconds: float) -> None:
         deadline = self._clock.monotonic() + max(0.0, seconds)
@@ -49,7 +60,13 @@ class EventClock:
             if left <= 0:
                 return
             event = self._events.get(min(left, _MAX_SLICE_S))
-            if isinstance(event, SignalEvent):
+            if event is not None:
+                self._take(event)
+
+    def _take(self, event: Event) -> None:
+        if isinstance(event, SignalEvent):
+            if event.stops:
                 raise StopRequested(event)
-            if event is not None and not isinstance(event, WakeEvent):  # no server to look at
-                self.held.append(event)
+            self._on_signal(event)  # HUP, USR1: answered, the wait goes on
+        elif not isinstance(event, WakeEvent):  # no server to look at
+            self.held.append(event)

@@ -5,6 +5,7 @@ file's record of the run. The loop that uses them is supervisor/run/runner.py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import dataclasses
 import os
@@ -19,14 +20,25 @@ import structlog
 from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV
 from supervisor.config import RunSettings
 from supervisor.core import sglang_facts
+from supervisor.core.autosize import decide_auto_size, is_memory_check
 from supervisor.core.checks import FitReport, Status
+from supervisor.core.events import KillReason
+from supervisor.core.ledger import Reservation
 from supervisor.core.measured import Measurement, Record, device_settings
-from supervisor.core.ports import GpuSensor, LaunchedServer, ServerLauncher
+from supervisor.core.ports import (
+    Clock,
+    GpuSensor,
+    LaunchedServer,
+    Processes,
+    Reservations,
+    ServerLauncher,
+)
 from supervisor.core.redact import redact_env, redact_line
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
 from supervisor.preflight import run_preflight
 from supervisor.preflight.measurements import save_record
+from supervisor.run.death import wait_tree_gone
 from supervisor.run.state import ProcessRef, RunState, StateStore
 
 log = structlog.get_logger("supervisor.run")
@@ -126,15 +138,38 @@ def _failed(report: FitReport) -> list[str]:
 
 
 def preflight_gate(
-    settings: RunSettings, argv: Sequence[str], sensor: GpuSensor | None
+    settings: RunSettings,
+    argv: Sequence[str],
+    sensor: GpuSensor | None,
+    reservations: Reservations | None = None,
 ) -> tuple[tuple[str, ...], FitReport | None]:
     """Run the pre-flight; the argv to launch (maybe auto-sized) and the report it rests on.
+
+    With a ledger, the pre-flight counts what other instances starting on this host planned
+    and have not pinned yet, and a launch that goes ahead records its own plan there: both
+    under the ledger's lock, so two instances starting together never both take the same
+    memory.
 
     Raises:
         PreflightFailed: no fit, and neither --auto-size could fix it nor --force was given.
         ConfigError: the pre-flight could not run (bad argv, model config not found) without
             --force.
     """
+    book_cm = reservations.session() if reservations is not None else contextlib.nullcontext()
+    with book_cm as book:
+        reserved = book.others() if book is not None else ()
+        chosen, report = _gate(settings, argv, sensor, reserved)
+        if book is not None and report is not None and report.host_required_bytes:
+            book.set(report.host_required_bytes)
+    return chosen, report
+
+
+def _gate(
+    settings: RunSettings,
+    argv: Sequence[str],
+    sensor: GpuSensor | None,
+    reserved: Sequence[Reservation],
+) -> tuple[tuple[str, ...], FitReport | None]:
     run = settings.run
 
     def preflight(args: Sequence[str]) -> FitReport:
@@ -145,6 +180,7 @@ def preflight_gate(
             config_dir=settings.config_dir,
             reader=settings.reader,
             state_dir=settings.state_dir,
+            reserved=reserved,
         )
 
     try:
@@ -157,24 +193,52 @@ def preflight_gate(
     if report.fits:
         log.info("preflight_passed", required_bytes=report.host_required_bytes)
         return tuple(argv), report
-    if run.auto_size and report.max_hicache_size_gb > 0:
-        sized = with_flag_value(argv, "--hicache-size", str(report.max_hicache_size_gb))
-        log.warning(
-            "auto_sized",
-            hicache_size_gb=report.max_hicache_size_gb,
-            failed_checks=_failed(report),
-            argv=list(redact_argv(sized)),
-        )
-        again = preflight(sized)
-        if again.fits or run.force:
-            return sized, again
-        report = again
+    why_not = "--auto-size is off"
+    if run.auto_size:
+        sized, report, why_not = _auto_size(settings, argv, report, preflight)
+        if sized is not None:
+            return sized, report
     if run.force:
         log.warning("preflight_failed_forced", failed_checks=_failed(report))
         return tuple(argv), report
-    raise PreflightFailed(
-        "the pre-flight refuses this launch (--auto-size or --force to override):\n"
-        + report.render_table()
+    raise PreflightFailed(_refusal(report, why_not, auto_size=run.auto_size))
+
+
+def _auto_size(
+    settings: RunSettings,
+    argv: Sequence[str],
+    report: FitReport,
+    preflight: Callable[[Sequence[str]], FitReport],
+) -> tuple[tuple[str, ...] | None, FitReport, str]:
+    """(the argv with a smaller --hicache-size, its report, "") when that fits; else (None,
+    the report to refuse with, why not)."""
+    decision = decide_auto_size(report, settings.reader.plan(argv))
+    if decision.size_gb is None:
+        return None, report, decision.reason
+    sized = with_flag_value(argv, "--hicache-size", str(decision.size_gb))
+    log.warning(
+        "auto_sized",
+        hicache_size_gb=decision.size_gb,
+        failed_checks=_failed(report),
+        argv=list(redact_argv(sized)),
+    )
+    again = preflight(sized)
+    if again.fits or settings.run.force:
+        return sized, again, ""
+    return None, again, f"--hicache-size {decision.size_gb} does not fit either"
+
+
+def _refusal(report: FitReport, why_not: str, *, auto_size: bool) -> str:
+    """The refusal, naming what failed; --auto-size is offered only where it could help."""
+    failed = [c for c in report.checks if c.status is Status.FAIL]
+    memory_only = all(is_memory_check(c) for c in failed)
+    if memory_only and not auto_size:
+        advice = "--auto-size to launch with the largest safe --hicache-size, --force to launch"
+        return f"the pre-flight refuses this launch ({advice} anyway):\n{report.render_table()}"
+    names = ", ".join(c.name for c in failed)
+    return (
+        f"the pre-flight refuses this launch: {names} failed ({why_not}; --force to launch "
+        f"anyway):\n{report.render_table()}"
     )
 
 
@@ -223,24 +287,35 @@ def record_launch(
     settings: RunSettings,
     server: LaunchedServer,
     *,
-    supervisor_pid: int,
-    start_ticks: int,
+    processes: Processes,
+    clock: Clock,
     restart_count: int,
     gpu_indices: Sequence[int],
 ) -> None:
-    """The new run in the state file: run id, restart count, the server's PID (start time)."""
-    ref = ProcessRef(pid=server.pid, start_ticks=start_ticks, title="server")
-    store.update(
-        lambda state: dataclasses.replace(
-            state,
-            instance=settings.instance,
-            run_id=server.run_id,
-            supervisor_pid=supervisor_pid,
-            restart_count=restart_count,
-            server_pids=(ref,),
-            gpu_indices=tuple(gpu_indices),
+    """The new run in the state file: run id, restart count, the server's PID (start time).
+    Anything failing here kills the tree first: nothing may run that nobody watches."""
+    try:
+        marks = processes.marks(server.pid)
+        ref = ProcessRef(
+            pid=server.pid, start_ticks=marks.start_ticks if marks else 0, title="server"
         )
-    )
+        store.update(
+            lambda state: dataclasses.replace(
+                state,
+                instance=settings.instance,
+                run_id=server.run_id,
+                supervisor_pid=processes.self_pid,
+                restart_count=restart_count,
+                server_pids=(ref,),
+                gpu_indices=tuple(gpu_indices),
+            )
+        )
+    except BaseException:
+        reason = KillReason(None, "supervisor error")
+        server.kill_all(reason)
+        wait_tree_gone(server, clock, reason)
+        server.close()
+        raise
 
 
 def record_tree(store: StateStore, server: LaunchedServer) -> None:

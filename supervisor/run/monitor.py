@@ -9,6 +9,7 @@ that runs the probe at once.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ class TickResult:
     death: Death | None = None
     new_state: ServerState | None = None  # a startup state change the probe revealed
     progressed_s_left: float | None = None  # while loading: seconds until the startup deadline
+    pinned_bytes: int | None = None  # while loading: anon + shmem of the tree (off MemAvailable)
 
 
 class LaunchMonitor:
@@ -115,11 +117,15 @@ class LaunchMonitor:
         if verdict.is_dead:
             return TickResult(death=Death(_RANK_KIND[verdict.problem], verdict.detail))
         answer = self._collect_probe()
+        if answer is HealthStatus.NOT_FOUND:  # a wrong path never starts answering 200
+            detail = f"GET {self.run.health_path} answered 404"
+            return TickResult(death=Death(FailureKind.HEALTH_PATH_MISSING, detail))
         if self.state is ServerState.READY:
             return self._liveness(answer)
-        return self._startup(
+        result = self._startup(
             answer, now, tree_bytes=sum(p.charged_bytes + p.rss_file_bytes for p in tree)
         )
+        return dataclasses.replace(result, pinned_bytes=sum(p.charged_bytes for p in tree))
 
     def mark_state(self, state: ServerState) -> None:
         self.state = state

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from supervisor.core.checks import FitReport
@@ -19,6 +19,7 @@ from supervisor.core.ports import (
     GpuSensor,
     Notifier,
     Processes,
+    Reservations,
     ServerHandle,
     ServerLauncher,
 )
@@ -65,6 +66,9 @@ class RunnerIO:
     sensor: GpuSensor | None = None  # None: the GPUs are not watched (backend none)
     resetter: GpuResetter | None = None
     probe_executor: Callable[[], concurrent.futures.Executor] | None = None
+    reservations: Reservations | None = None  # the host-wide ledger; None: not kept
+    # Removes the /dev/shm segments a gone tree left (its members seen: pid -> start ticks).
+    sweep_shm: Callable[[Mapping[int, int]], object] = lambda _seen: None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,19 +11,19 @@ server's state (one event per change, run_id bound).
 
 from __future__ import annotations
 
-import dataclasses
+import os
 import uuid
 from typing import Any
 
 import structlog
 
 from supervisor.config import RunSettings
-from supervisor.core.backoff import BackoffPolicy, RestartBudget, RunEnd, decide_after_failure
+from supervisor.core.backoff import RestartBudget
 from supervisor.core.checks import FitReport
 from supervisor.core.events import (
-    STOP_REQUESTED,
     KillReason,
     MemoryAction,
+    SignalAction,
     SignalEvent,
     Wake,
     WakeEvent,
@@ -34,31 +34,24 @@ from supervisor.core.measured import SizingLog
 from supervisor.core.ports import LaunchedServer
 from supervisor.core.redact import Redactor, secret_values
 from supervisor.core.sglang_args import redact_argv
-from supervisor.errors import (
-    CrashLoop,
-    GpuUnrecoverable,
-    ServerArgsRejected,
-    StartupFailed,
-    SupervisorError,
-)
+from supervisor.errors import SupervisorError
 from supervisor.run import launch
-from supervisor.run.death import Death, DeathReport, kill_and_classify, wait_tree_gone
+from supervisor.run.death import (
+    Death,
+    DeathReport,
+    drain_then_kill,
+    kill_and_classify,
+    wait_tree_gone,
+)
 from supervisor.run.events import EventClock, StopRequested
 from supervisor.run.gpu_wait import GpuRelease
 from supervisor.run.leftovers import clean_leftovers
 from supervisor.run.monitor import LaunchMonitor, monitor_for
 from supervisor.run.plugins import Component, LaunchInfo, Plugins, RunnerIO
+from supervisor.run.restart import decide_restart
 from supervisor.run.state import StateStore
 
 log = structlog.get_logger("supervisor.run")
-
-_END_ERRORS: dict[RunEnd, type[SupervisorError]] = {
-    RunEnd.ARGS_REJECTED: ServerArgsRejected,
-    RunEnd.GPU_UNRECOVERABLE: GpuUnrecoverable,
-    RunEnd.STARTUP_FAILED: StartupFailed,
-    RunEnd.CRASH_LOOP: CrashLoop,
-}
-_STOP_POLL_S = 0.1
 
 
 class Runner:
@@ -78,7 +71,9 @@ class Runner:
         self.clock = io.clock
         self.events = io.events
         self.notifier = io.notifier
-        self.wait_clock = EventClock(io.clock, io.events, on_tick=self._feed_watchdog)
+        self.wait_clock = EventClock(
+            io.clock, io.events, on_tick=self._feed_watchdog, on_signal=self.answer_signal
+        )
         self.plan = settings.reader.plan(settings.server_args)
         self.release = GpuRelease(
             settings.config.gpu,
@@ -95,18 +90,11 @@ class Runner:
         self.fit: FitReport | None = None
         self.run_id = ""
         self.state = ServerState.STOPPED
-        cfg = self.run_cfg
-        self.budget = RestartBudget(
-            BackoffPolicy(
-                initial_s=cfg.backoff_initial_s,
-                max_s=cfg.backoff_max_s,
-                stable_after_s=cfg.stable_after_s,
-                max_restarts=cfg.max_restarts,
-                restart_window_s=cfg.restart_window_s,
-            )
-        )
-        self.redact = Redactor(secret_values(self.plan, dict(settings.config.server.env)))
-        self._last_ping_s = float("-inf")
+        self.budget = RestartBudget(self.run_cfg.backoff_policy())
+        # The server inherits this process's environment too (systemd's Environment=).
+        environment = {**os.environ, **settings.config.server.env}
+        self.redact = Redactor(secret_values(self.plan, environment))
+        self._last_ping_s = self._last_reap_s = self._last_pin_s = float("-inf")
         self._launched_argv: tuple[str, ...] | None = None
 
     # -- the loop ------------------------------------------------------------------------
@@ -115,6 +103,7 @@ class Runner:
         """Supervise until stopped (0) or a failure that ends the run (raises SupervisorError)."""
         try:
             self.clean_leftovers()
+            self.wait_clock.poll()  # a stop that came during start-up: no launch at all
             while True:
                 death = self.supervise_once()
                 if death is None:
@@ -126,7 +115,13 @@ class Runner:
         except StopRequested as stop:
             self.stopped_while_waiting(stop.event.name)
             return 0
+        except SupervisorError as exc:  # every fatal end leaves one `fatal` event with its reason
+            code = int(exc.exit_code)
+            self.set_state(ServerState.FATAL, exit_code=code, reason=str(exc).splitlines()[0])
+            raise
         finally:
+            if self.io.reservations is not None:
+                self.io.reservations.drop()
             structlog.contextvars.unbind_contextvars("run_id", "server_pid")
 
     def supervise_once(self) -> DeathReport | None:
@@ -163,6 +158,7 @@ class Runner:
             for component in started:
                 component.stop()
             server.close()
+            self.io.sweep_shm(server.members_seen())  # after a SIGKILL, SGLang's are left
 
     def watch(self, server: LaunchedServer, monitor: LaunchMonitor) -> Death | None:
         """Tick until the server dies (its Death) or a stop signal arrives (None)."""
@@ -171,6 +167,9 @@ class Runner:
             event = self.events.get(wait_s)
             wait_s = monitor.tick_s
             if isinstance(event, SignalEvent):
+                if not event.stops:
+                    self.answer_signal(event)
+                    continue
                 self.stop_reason = event.name
                 return None
             if isinstance(event, WatchdogEvent):
@@ -186,6 +185,8 @@ class Runner:
                 self.advance_startup(monitor, result.new_state)
             if result.progressed_s_left is not None:
                 self.notifier.extend_timeout(result.progressed_s_left + 30.0)
+            if result.pinned_bytes is not None:
+                self._note_pinned(result.pinned_bytes)
             if monitor.ready_since_s is not None:
                 self.budget = self.budget.on_healthy(monitor.ready_since_s, self.clock.monotonic())
 
@@ -193,24 +194,30 @@ class Runner:
 
     def clean_leftovers(self) -> None:
         """Kill processes of an earlier run of this instance (and foreign GPU holders when
-        allowed), waiting for their GPUs; then measure the GPUs' idle baseline."""
+        allowed), waiting for their GPUs, and the shared memory they left; then measure the
+        GPUs' idle baseline."""
+        earlier = self.store.load()
         clean_leftovers(
             self.io.processes,
-            self.store.load(),
+            earlier,
             self.settings,
             self.plan.local_gpu_ids(),
             sensor=self.io.sensor,
             clock=self.wait_clock,
             wait_released=lambda pids: self.release.wait(pids, self.wait_clock),
         )
+        self.io.sweep_shm({p.pid: p.start_ticks for p in earlier.server_pids})
         self.release.measure_baselines()
 
     def prepare_argv(self) -> tuple[str, ...]:
         """The argv of this launch: the watchdog's override, then the pre-flight gate (first
         launch, and whenever the argv changed). Its report travels with the launch."""
         argv = launch.apply_override(self.settings.server_args, self.store.load())
+        book = self.io.reservations
         if self._launched_argv is None or argv != self._launched_argv:
-            argv, self.fit = launch.preflight_gate(self.settings, argv, self.io.sensor)
+            argv, self.fit = launch.preflight_gate(self.settings, argv, self.io.sensor, book)
+        elif book is not None and self.fit is not None and self.fit.host_required_bytes:
+            book.set(self.fit.host_required_bytes)  # a relaunch pins it all over again
         return argv
 
     def launch(self, argv: tuple[str, ...]) -> LaunchedServer:
@@ -232,24 +239,15 @@ class Runner:
         server.watch_exits(lambda: self.events.put(WakeEvent(Wake.TREE_CHANGED)))
         structlog.contextvars.bind_contextvars(server_pid=server.pid)
         log.info("server_launched", pid=server.pid, pgid=server.pgid, mode=server.mode)
-        try:
-            marks = processes.marks(server.pid)
-            launch.record_launch(
-                self.store,
-                self.settings,
-                server,
-                supervisor_pid=processes.self_pid,
-                start_ticks=marks.start_ticks if marks is not None else 0,
-                restart_count=self.budget.total_restarts,
-                gpu_indices=self.plan.local_gpu_ids(),
-            )
-        except BaseException:
-            # A full disk must not leave a tree running that nobody watches.
-            reason = KillReason(None, "supervisor error")
-            server.kill_all(reason)
-            wait_tree_gone(server, self.clock, reason)
-            server.close()
-            raise
+        launch.record_launch(
+            self.store,
+            self.settings,
+            server,
+            processes=processes,
+            clock=self.clock,
+            restart_count=self.budget.total_restarts,
+            gpu_indices=self.plan.local_gpu_ids(),
+        )
         return server
 
     def advance_startup(self, monitor: LaunchMonitor, new: ServerState) -> None:
@@ -261,6 +259,8 @@ class Runner:
             launch.record_tree(self.store, monitor.server)
             measured, at = self.sizing.measurement(), self.clock.wall()
             launch.record_measurement(self.settings, self.fit, self._launched_argv, measured, at)
+            if self.io.reservations is not None:
+                self.io.reservations.drop()  # all pinned: MemAvailable shows it from now on
         self.set_state(new)
         if new is ServerState.READY:
             self.notifier.ready(self._status_line())
@@ -300,34 +300,16 @@ class Runner:
 
     def decide_restart(self, death: DeathReport) -> float:
         """The delay before the next launch; raises when the run must end instead."""
-        kind, hint = death.classification
-        self.budget, decision = decide_after_failure(self.budget, kind, self.clock.monotonic())
-        self.store.update(
-            lambda s: dataclasses.replace(
-                s,
-                restart_count=self.budget.total_restarts,
-                last_failure=kind.value,
-                last_failure_hint=hint,
-                last_failure_at=self.clock.wall(),
-            )
+        self.budget, decision = decide_restart(
+            self.budget,
+            death,
+            store=self.store,
+            clock=self.clock,
+            restart_window_s=self.run_cfg.restart_window_s,
         )
-        if decision.end is RunEnd.CRASH_LOOP:
-            self.set_state(
-                ServerState.FATAL,
-                failure=kind.value,
-                restarts_in_window=decision.restarts_in_window,
-                event_name="crash_loop",
-            )
-            raise CrashLoop(
-                f"crash loop: {decision.restarts_in_window} restarts within "
-                f"{self.run_cfg.restart_window_s:g} s, last failure {kind.value}: {hint}"
-            )
-        if decision.end is not None:
-            self.set_state(ServerState.FATAL, failure=kind.value)
-            raise _END_ERRORS[decision.end](hint)
         self.set_state(
             ServerState.BACKOFF,
-            failure=kind.value,
+            failure=death.classification.kind.value,
             delay_s=decision.delay_s,
             attempt=decision.attempt,
             restart_count=self.budget.total_restarts,
@@ -364,16 +346,7 @@ class Runner:
         grace_s = self.run_cfg.worker_stop_grace_s if worker else self.run_cfg.stop_grace_s
         self.set_state(ServerState.STOPPING, reason=self.stop_reason, grace_s=grace_s)
         self.notifier.stopping(f"stopping (run {self.run_id})")
-        server.terminate(STOP_REQUESTED)
-        deadline = self.clock.monotonic() + grace_s
-        while server.poll() is None and (left := deadline - self.clock.monotonic()) > 0:
-            event = self.events.get(min(_STOP_POLL_S, left))
-            if isinstance(event, SignalEvent):
-                log.warning("stop_escalated", signal=event.name)
-                break
-            self._feed_watchdog()
-        pids = server.kill_all(STOP_REQUESTED)
-        wait_tree_gone(server, self.clock, STOP_REQUESTED)
+        pids = drain_then_kill(server, grace_s, self.clock, self.events, self._feed_watchdog)
         self.set_state(ServerState.STOPPED, pids=list(pids))
 
     # -- helpers -------------------------------------------------------------------------
@@ -387,11 +360,33 @@ class Runner:
         self.notifier.status(self._status_line())
 
     def _feed_watchdog(self) -> None:
+        """Every tick, in the loop and in its waits: systemd's watchdog, and the orphans a
+        container's PID 1 must reap (at most once per watchdog interval or second)."""
         interval = self.notifier.watchdog_interval_s
         now = self.clock.monotonic()
+        if now - self._last_reap_s >= 1.0:
+            self.io.processes.reap_orphans()
+            self._last_reap_s = now
         if interval is not None and now - self._last_ping_s >= interval:
             self.notifier.watchdog()
             self._last_ping_s = now
+
+    def _note_pinned(self, pinned_bytes: int) -> None:
+        """While loading, tell the ledger how much of the plan the tree holds (once a second)."""
+        now = self.clock.monotonic()
+        book = self.io.reservations
+        if book is None or self.fit is None or now - self._last_pin_s < 1.0:
+            return
+        self._last_pin_s = now
+        book.set(self.fit.host_required_bytes or 0, pinned_bytes)
+
+    def answer_signal(self, event: SignalEvent) -> None:
+        """SIGHUP and SIGUSR1: the server is left as it is either way."""
+        if event.action is SignalAction.STATUS:
+            restarts = self.budget.total_restarts
+            log.info("status", state=self.state.value, restart_count=restarts, run_id=self.run_id)
+        else:
+            log.warning("signal_ignored", signal=event.name, detail="the server is untouched")
 
     def _status_line(self) -> str:
         return f"{self.state.value}; restarts {self.budget.total_restarts}; run {self.run_id}"

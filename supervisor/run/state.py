@@ -8,10 +8,13 @@ Never holds secrets.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -25,11 +28,15 @@ from supervisor.atomic_file import write_text_atomic
 from supervisor.config.sections import STATE_ROOT
 from supervisor.core.ports import Clock
 from supervisor.errors import ConfigError
+from supervisor.log import scrub
 
 log = structlog.get_logger("supervisor.state")
 
 STATE_FILE = "state.json"
 LOCK_FILE = "supervisor.lock"
+# Kept of each kind of file that piles up in a state directory (incident reports, corrupt state
+# files set aside): the newest, so a flapping box cannot fill its disk with them.
+KEEP_FILES = 100
 _VERSION = 1
 
 
@@ -83,6 +90,18 @@ class RunState:
         return cls(**values)
 
 
+def prune(directory: Path, pattern: str, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest files matching `pattern` (by name: they carry a UTC
+    time); returns what was removed. A file that cannot go is left, never an error."""
+    found = sorted(directory.glob(pattern), key=lambda p: p.name)
+    removed = []
+    for path in found[: max(0, len(found) - keep)]:
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def default_state_dir(instance: str) -> Path:
     return STATE_ROOT / instance
 
@@ -90,12 +109,16 @@ def default_state_dir(instance: str) -> Path:
 class StateStore:
     """Reads and atomically rewrites the state file; `update` is safe across threads."""
 
-    def __init__(self, state_dir: Path, clock: Clock | None = None) -> None:
+    def __init__(
+        self, state_dir: Path, clock: Clock | None = None, keep_files: int = KEEP_FILES
+    ) -> None:
         self.dir = state_dir
         self.clock = clock or SystemClock()
         self.path = state_dir / STATE_FILE
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
+        self._unsaved: RunState | None = None
+        self.keep_files = keep_files
 
     def ensure_writable(self) -> None:
         """Create the directory and prove it is writable, before anything starts.
@@ -133,10 +156,18 @@ class StateStore:
                 f"another sglang-supervisor (pid {holder}) already supervises the state "
                 f"directory {self.dir}; stop it first"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # The PID only names the holder in the message above: a full disk must not stop a start.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         # Kept open on purpose: the kernel drops the lock when this process exits, however.
         self._lock_fd = fd
+
+    def release(self) -> None:
+        """Give up the lock `claim` took (a short-lived holder: `reset-state`); no-op without."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the last descriptor drops the flock
+            self._lock_fd = None
 
     def load(self) -> RunState:
         """The stored state; a fresh one when there is none or it is corrupt (kept aside)."""
@@ -144,19 +175,22 @@ class StateStore:
             return self._load()
 
     def _load(self) -> RunState:
+        if self._unsaved is not None:  # the disk refused the last write: memory is newer
+            return self._unsaved
         try:
-            text = self.path.read_text(encoding="utf-8")
+            raw = _read_regular(self.path)
         except FileNotFoundError:
             return RunState()
         except OSError as exc:
             log.warning("state_unreadable", path=str(self.path), error=str(exc))
             return RunState()
-        try:
-            return RunState.from_json(json.loads(text))
+        try:  # non-UTF-8 bytes are as corrupt as bad JSON (UnicodeDecodeError is a ValueError)
+            return RunState.from_json(json.loads(raw.decode("utf-8")))
         except (ValueError, TypeError, KeyError) as exc:
             kept = self.path.with_name(f"{STATE_FILE}.corrupt-{int(self.clock.wall())}")
             try:
                 os.replace(self.path, kept)
+                prune(self.dir, f"{STATE_FILE}.corrupt-*", self.keep_files)
             except OSError:
                 kept = self.path
             log.warning(
@@ -173,9 +207,25 @@ class StateStore:
             self._save(state)
 
     def _save(self, state: RunState) -> None:
+        """Write the state; a full or failing disk keeps it in memory (and says so once) rather
+        than ending a run that is serving: the next change tries again."""
         state = dataclasses.replace(state, updated_at=self.clock.wall())
-        payload = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
-        write_text_atomic(self.path, payload)
+        payload = json.dumps(scrub(state.to_json()), indent=2, sort_keys=True) + "\n"
+        try:
+            write_text_atomic(self.path, payload)
+        except OSError as exc:
+            if self._unsaved is None:
+                log.error(
+                    "state_not_saved",
+                    path=str(self.path),
+                    error=exc.strerror or str(exc),
+                    action="kept in memory; written again at the next change",
+                )
+            self._unsaved = state
+            return
+        if self._unsaved is not None:
+            log.info("state_saved_again", path=str(self.path))
+        self._unsaved = None
 
     def update(self, change: Callable[[RunState], RunState]) -> RunState:
         """Read-modify-write under the store's lock (the runner and the watchdog both write)."""
@@ -183,3 +233,13 @@ class StateStore:
             new = change(self._load())
             self._save(new)
             return new
+
+
+def _read_regular(path: Path) -> bytes:
+    """The file's bytes; OSError for anything but a regular file (a FIFO would block the read
+    forever, and a start must never hang on its state file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return f.read()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,65 @@ def test_an_unwritable_state_directory_is_a_clear_error(
     err = capsys.readouterr().err
     assert "not writable" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["a/b", ".", "..", "...", "../x", ""])
+def test_a_name_that_is_not_a_plain_instance_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str
+):
+    monkeypatch.setattr("supervisor.config.sections.STATE_ROOT", tmp_path / "root")
+    monkeypatch.setattr("supervisor.run.state.STATE_ROOT", tmp_path / "root")
+    assert run_cli(["reset-state", "--name", name]) == 2
+    err = capsys.readouterr().err
+    assert "--name" in err
+    assert "letters, digits" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_plain_name_finds_its_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("supervisor.run.state.STATE_ROOT", tmp_path)
+    assert run_cli(["reset-state", "--name", "qwen-3.5@b_1"]) == 0
+    assert (tmp_path / "qwen-3.5@b_1" / "state.json").is_file()
+
+
+HOLDER = """
+import sys
+from pathlib import Path
+from supervisor.run.state import StateStore
+store = StateStore(Path(sys.argv[1]))
+store.ensure_writable()
+store.claim()
+print("held", flush=True)
+sys.stdin.read()  # hold the lock until the test closes our stdin
+"""
+
+
+def test_reset_state_refuses_while_a_live_supervisor_holds_the_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    store = StateStore(tmp_path)
+    store.ensure_writable()
+    store.save(RunState(instance="demo", restart_count=2, hicache_size_override_gb=30))
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        try:
+            assert holder.stdout.readline() == "held\n"  # the lock is taken: no sleep needed
+            assert run_cli(["reset-state", "--state-dir", str(tmp_path)]) == 2
+            err = capsys.readouterr().err
+            assert f"another sglang-supervisor (pid {holder.pid})" in err
+            assert store.load().hicache_size_override_gb == 30  # untouched
+        finally:
+            holder.stdin.close()  # the holder's read ends, and with it the process and its lock
+            holder.wait(timeout=30)
+    assert run_cli(["reset-state", "--state-dir", str(tmp_path)]) == 0  # the lock went with it
+    assert store.load().hicache_size_override_gb is None
+    assert run_cli(["reset-state", "--state-dir", str(tmp_path)]) == 0  # and reset-state's too

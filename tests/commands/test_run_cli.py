@@ -53,6 +53,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
         ("", ["--server-command", "'unterminated"], "--server-command"),
         ("", ["--server-command", "no-such-program-xyz"], "not found on PATH"),
         ('[run]\nstate_dir = "/proc/no/such"\n', [], "state directory /proc/no/such"),
+        ('[gpu]\nbackend = "cuda"\n', [], "gpu.backend must be one of auto|nvml|sim|none"),
+        ("[host]\nmem_available = 445\n", [], "host.mem_available: 445 has no unit"),
+        ('[run]\nname = ".."\n', [], "run.name"),
     ],
 )
 def test_bad_input_exits_2_naming_what_is_wrong(tmp_path, capsys, config, options, message):

@@ -22,7 +22,15 @@ ARGPARSE = [
     ("exit_code", "sig", "tail", "context", "kind"),
     [
         (2, None, ARGPARSE, DeathContext(), K.BAD_FLAGS),
-        (2, None, [], DeathContext(), K.BAD_FLAGS),  # exit 2 before ready, nothing logged
+        # Only argparse's lines make exit 2 "bad flags": a rank that died at init with 2 is a crash.
+        (2, None, [], DeathContext(), K.EXITED_UNEXPECTEDLY),
+        (
+            2,
+            None,
+            ["Rank 0 scheduler died during initialization (exit code: 2)"],
+            DeathContext(oom_kills=0),
+            K.RANK_CRASH,
+        ),
         (2, None, [], DeathContext(was_ready=True), K.EXITED_UNEXPECTEDLY),
         (1, None, ["OSError: [Errno 98] Address already in use"], DeathContext(), K.PORT_IN_USE),
         (
@@ -109,7 +117,7 @@ def test_override_detail_is_appended_and_every_kind_has_a_hint():
     )
     assert result.hint.endswith(": 3 GB left")
     assert all(classify(None, None, [], DeathContext(override=k)).hint for k in FailureKind)
-    assert len({k.value for k in FailureKind}) == 13
+    assert len({k.value for k in FailureKind}) == 14
 
 
 def test_exit_descriptions():

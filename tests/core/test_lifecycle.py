@@ -28,6 +28,8 @@ S = ServerState
         [S.LAUNCHING, S.UNHEALTHY, S.FATAL],
         [S.BACKOFF, S.STOPPING, S.STOPPED],
         [S.UNHEALTHY, S.STOPPING],
+        [S.STOPPED, S.FATAL],  # the pre-flight refuses the first launch
+        [S.BACKOFF, S.FATAL],  # the GPUs stay dirty
     ],
 )
 def test_the_stories_of_a_server_are_legal(path):

@@ -47,3 +47,46 @@ def test_very_short_values_are_not_used_as_masks():
 )
 def test_redact_line_hides_secrets_it_was_not_told_about(line: str, expected: str) -> None:
     assert redact_line(line).endswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("HF_TOKEN", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("DB_PASSWORD", True),
+        ("SMTP_PASSWD", True),
+        ("GOOGLE_APPLICATION_CREDENTIALS", True),
+        ("OPENAI_APIKEY", True),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("KEYBOARD_LAYOUT", False),
+        ("PATH", False),
+    ],
+)
+def test_a_name_is_secret_by_its_underscore_separated_parts(name: str, secret: bool) -> None:
+    assert redact_env({name: "value"})[name] == ("***" if secret else "value")
+
+
+def test_the_inherited_environment_is_masked_from_eight_characters_on():
+    env = {"HF_TOKEN": "hf_abcdefgh", "SHORT_TOKEN": "1234567", "TOKENIZERS_PARALLELISM": "false"}
+    assert secret_values(None, env) == ("hf_abcdefgh",)
+    redact = Redactor(secret_values(None, env))
+    assert redact("loading with hf_abcdefgh from the hub") == "loading with *** from the hub"
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "curl -H 'Authorization: Bearer hf_xyz.123' url",
+            "curl -H 'Authorization: Bearer ***' url",
+        ),
+        ("Authorization: Basic dXNlcjpwYXNz", "Authorization: ***"),
+        ("token=Bearer abc", "token=*** ***"),
+        ("{'api_key': 'sk-live', 'tp_size': 8}", "{'api_key': '***', 'tp_size': 8}"),
+        ('{"hf_token": "hf_x", "model": "m"}', '{"hf_token": "***", "model": "m"}'),
+        ("TOKENIZERS_PARALLELISM=false ok", "TOKENIZERS_PARALLELISM=false ok"),
+    ],
+)
+def test_bearer_authorization_and_mapping_items_are_masked_by_shape(line: str, expected: str):
+    assert redact_line(line) == expected

@@ -39,6 +39,7 @@ env = {{ HF_TOKEN = "hf_e2e_secret_token" }}
 
 [preflight]
 reserve = "0B"
+ledger_dir = "{state_dir}/ledger"
 per_rank_overhead = "1MiB"
 main_overhead = "1MiB"
 
@@ -210,10 +211,11 @@ def supervisor(
     gpu_state_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     config_extra: str = "",
+    wrapper: Sequence[str] = (),
 ) -> Iterator[Supervisor]:
     """Start `python -m supervisor run` on the simulated server; at exit make sure that it and
     its tree are gone (SIGKILL whatever is left, then wait for the tree). `config_extra` is
-    appended to the TOML config."""
+    appended to the TOML config; `wrapper` is a command the supervisor runs under (`unshare`)."""
     state_dir = state_dir or tmp_path / "state"
     backend = "sim" if gpu_state_dir else "none"
     config = write_config(tmp_path, state_dir, config_extra, backend=backend)
@@ -227,6 +229,7 @@ def supervisor(
         notify_sock.setblocking(False)
         env["NOTIFY_SOCKET"] = "@" + name
     argv = [
+        *wrapper,
         sys.executable,
         "-m",
         "supervisor",

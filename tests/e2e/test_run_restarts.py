@@ -9,13 +9,14 @@ import signal
 import pytest
 
 from tests.e2e.run_support import supervisor
+from tests.testing.support import leaked, recorded_shm_names
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_killed_rank_gets_the_whole_tree_replaced_with_new_pids(
-    tmp_path, free_port, simulated_process_guard
+    tmp_path, free_port, simulated_process_guard, shm_record
 ):
     with supervisor(tmp_path, free_port, simulated_process_guard) as sup:
         sup.wait_event("ready")
@@ -30,8 +31,13 @@ def test_a_killed_rank_gets_the_whole_tree_replaced_with_new_pids(
         assert len(after) >= 3
         assert not before & after  # every process of the tree is new
         assert sup.state()["restart_count"] == 1
+        # The killed tree's /dev/shm segments (SGLang's ring buffers) were removed; the new
+        # tree's are its own to unlink at its clean exit.
+        assert sup.events("shm_removed")[0]["segments"] >= 1
         sup.signal(signal.SIGTERM)
         assert sup.wait_exit() == 0
+        assert recorded_shm_names(shm_record) != []
+        assert leaked(shm_record) == []
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ model_config = "{model_config}"
 
 [preflight]
 reserve = "0B"
+ledger_dir = "{state_dir}/ledger"
 per_rank_overhead = "20MiB"
 main_overhead = "30MiB"
 

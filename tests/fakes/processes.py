@@ -69,6 +69,9 @@ class FakeProcesses:
     def reap(self, pids: Sequence[int]) -> None:
         pass
 
+    def reap_orphans(self) -> list[int]:
+        return []
+
     def oom_kill_count(self) -> int | None:
         return self.oom_kills
 

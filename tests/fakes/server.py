@@ -44,6 +44,7 @@ class FakeServer:
         self.kernel_charged_bytes: int | None = None  # what a cgroup would say; None: /proc
         self.ready_marked = False
         self.notify_exit: Callable[[], None] | None = None  # the runner's exit callback
+        self.seen: dict[int, int] = {}
 
     # -- what the test does ----------------------------------------------------------------
 
@@ -86,7 +87,9 @@ class FakeServer:
         main = (
             (rank(self._pid, "python -m sglang.launch_server", ppid=1),) if self.main_alive else ()
         )
-        return main + tuple(self.ranks.values())
+        infos = main + tuple(self.ranks.values())
+        self.seen.update({p.pid: p.start_ticks for p in infos})
+        return infos
 
     def refresh(self, known: Sequence[ProcessInfo]) -> tuple[ProcessInfo, ...]:
         live = {p.pid: p for p in self.tree()}
@@ -137,6 +140,9 @@ class FakeServer:
 
     def mark_ready(self) -> None:
         self.ready_marked = True
+
+    def members_seen(self) -> Mapping[int, int]:
+        return dict(self.seen)
 
     def watch_exits(self, notify: Callable[[], None]) -> None:
         self.notify_exit = notify

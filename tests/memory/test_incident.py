@@ -67,3 +67,14 @@ def test_a_state_directory_that_refuses_the_file_is_logged_not_raised(tmp_path: 
         incident.record_next("tree_gone")
     assert logs[0]["event"] == "incident_not_updated"
     assert incident.data["next"][0]["step"] == "tree_gone"  # kept in memory all the same
+
+
+def test_only_the_newest_incidents_are_kept(tmp_path):
+    clock = FakeClock()
+    made = []
+    for _ in range(5):
+        incident = Incident.create(tmp_path, "memory_kill", "test", {}, clock, keep=3)
+        assert incident is not None
+        made.append(incident.path.name)
+        clock.advance(1.0)  # a second apart: the names carry the UTC second
+    assert sorted(p.name for p in tmp_path.glob("incident-*.json")) == sorted(made[2:])

@@ -4,7 +4,7 @@ load, crash and exit on cue, GPUs scripted on that clock. No process, no sleep."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from tests.fakes import (
     FakeClock,
     FakeEvents,
     FakeLauncher,
+    FakeLedger,
     FakeProcesses,
     FakeServer,
     ImmediateExecutor,
@@ -78,6 +79,8 @@ class World:
     held: dict[int, tuple[tuple[int, ...], float]] = dataclasses.field(default_factory=dict)
     resetter: RecordingResetter | None = None
     load_s: float = LOAD_S
+    swept: list[dict[int, int]] = dataclasses.field(default_factory=list)  # shm sweeps asked
+    ledger: FakeLedger = dataclasses.field(default_factory=FakeLedger)
 
     def gpus(self, now: float) -> tuple[GpuState, ...]:
         """Eight GPUs, idle but for what `held` says."""
@@ -143,6 +146,26 @@ def runner(
         sensor=ScriptedGpus(w.clock, w.gpus) if watch_gpus else None,
         resetter=w.resetter,
         probe_executor=ImmediateExecutor,
+        sweep_shm=lambda seen: w.swept.append(dict(seen)),
+        reservations=w.ledger,
     )
     w.store.ensure_writable()
     return Runner(run_settings, w.store, io, plugins)
+
+
+def names(logs: Sequence[Mapping[str, object]]) -> list[object]:
+    """The story's state changes (the events the runner logs on each transition)."""
+    wanted = {
+        "launching",
+        "loading",
+        "warming",
+        "ready",
+        "unhealthy",
+        "restarting",
+        "gpu_release_done",
+        "stopping",
+        "stopped",
+        "fatal",
+        "crash_loop",
+    }
+    return [e["event"] for e in logs if e["event"] in wanted]

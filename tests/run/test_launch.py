@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.adapters.procfs import INSTANCE_ENV, RUN_ENV, SUPERVISOR_ENV
+from supervisor.core.ledger import Reservation
 from supervisor.core.sglang_args import parse_launch_args
 from supervisor.errors import ConfigError, PreflightFailed
 from supervisor.run.launch import (
@@ -22,7 +23,7 @@ from supervisor.run.launch import (
     start_server,
 )
 from supervisor.run.state import RunState
-from tests.fakes import FakeLauncher
+from tests.fakes import FakeLauncher, FakeLedger
 from tests.run.runner_support import ARGS, settings
 
 BIG = ("--model-path", "m", "--tp", "2", "--enable-hicache", "--hicache-size", "300")
@@ -80,7 +81,7 @@ def test_the_gate_passes_a_fit_and_refuses_a_no_fit_with_the_table(tmp_path: Pat
     assert argv == ARGS
     assert report is not None
     assert report.fits
-    with pytest.raises(PreflightFailed, match="--auto-size or --force") as err:
+    with pytest.raises(PreflightFailed, match="--auto-size to launch with the largest") as err:
         preflight_gate(settings(tmp_path), BIG, None)
     assert "NO FIT" in str(err.value)
 
@@ -124,3 +125,35 @@ def test_a_command_that_fails_to_start_is_bad_input(tmp_path: Path):
 
     with pytest.raises(ConfigError, match="cannot be executed: Permission denied"):
         start_server(Refusing(), settings(tmp_path), "r", ARGS, redact=str, supervisor_mark="1:1")
+
+
+def test_auto_size_never_raises_the_size_nor_hides_a_failure_it_cannot_fix(tmp_path: Path):
+    """64 heads and 8 KV heads cannot be split over TP 3: a smaller cache changes nothing, so
+    the refusal names that check, and the launch keeps its 1 GB per rank."""
+    argv = ("--model-path", "m", "--tp", "3", "--enable-hicache", "--hicache-size", "1")
+    with capture_logs() as logs, pytest.raises(PreflightFailed) as err:
+        preflight_gate(settings(tmp_path, auto_size=True), argv, None)
+    message = str(err.value)
+    assert "attention_heads failed (a smaller --hicache-size cannot fix attention_heads" in message
+    assert "--auto-size to launch" not in message
+    assert not any(e["event"] == "auto_sized" for e in logs)
+
+
+def test_other_instances_starting_take_their_plan_off_the_budget_and_ours_is_recorded(
+    tmp_path: Path,
+):
+    alone = FakeLedger()
+    _argv, report = preflight_gate(settings(tmp_path), ARGS, None, alone)
+    assert report is not None
+    assert report.fits
+    assert report.host_required_bytes
+    assert alone.calls == [("set", report.host_required_bytes, 0)]
+    starting = Reservation(
+        instance="other", pid=1, start_ticks=1, planned_bytes=500 * 10**9, pinned_bytes=60 * 10**9
+    )
+    crowded = FakeLedger((starting,))
+    with pytest.raises(PreflightFailed) as err:
+        preflight_gate(settings(tmp_path), ARGS, None, crowded)
+    assert "other instances starting (ledger)" in str(err.value)
+    assert "440.0 GB planned and not yet pinned by other instances" in str(err.value)
+    assert crowded.calls == [], "a refused launch reserves nothing"

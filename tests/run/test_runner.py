@@ -5,42 +5,35 @@ each wait. Seconds of the story take microseconds; nothing sleeps, no process st
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from supervisor.core.classify import FailureKind
-from supervisor.core.events import KillReason, MemoryAction, SignalEvent, WatchdogEvent
+from supervisor.core.events import (
+    KillReason,
+    MemoryAction,
+    SignalEvent,
+    WatchdogEvent,
+)
 from supervisor.core.lifecycle import HealthStatus
 from supervisor.core.units import GiB
-from supervisor.errors import CrashLoop, GpuUnrecoverable, ServerArgsRejected, StartupFailed
+from supervisor.errors import (
+    ConfigError,
+    CrashLoop,
+    GpuUnrecoverable,
+    ServerArgsRejected,
+    StartupFailed,
+)
 from supervisor.memory.guard import MemoryGuard
 from supervisor.preflight.measurements import load_records
 from supervisor.run.plugins import Plugins
+from supervisor.run.state import ProcessRef, RunState
 from tests.fakes import FakeProc, RecordingResetter
-from tests.run.runner_support import LOAD_S, WARM_S, World, runner, settings, world
+from tests.run.runner_support import LOAD_S, WARM_S, World, names, runner, settings, world
 
 SIGTERM = SignalEvent(signal.SIGTERM, "SIGTERM")
-
-
-def names(logs: Sequence[Mapping[str, object]]) -> list[object]:
-    """The story's state changes (the events the runner logs on each transition)."""
-    wanted = {
-        "launching",
-        "loading",
-        "warming",
-        "ready",
-        "unhealthy",
-        "restarting",
-        "gpu_release_done",
-        "stopping",
-        "stopped",
-        "fatal",
-        "crash_loop",
-    }
-    return [e["event"] for e in logs if e["event"] in wanted]
 
 
 def test_ready_rank_death_backoff_gpu_release_relaunch_stop(tmp_path: Path):
@@ -88,7 +81,10 @@ def test_a_server_that_keeps_dying_at_startup_is_a_crash_loop(tmp_path: Path):
     assert len(w.launcher.started) == 4
     delays = [e["delay_s"] for e in logs if e["event"] == "restarting"]
     assert delays == [10.0, 20.0, 40.0]
-    assert names(logs)[-1] == "crash_loop"
+    assert names(logs)[-2:] == ["crash_loop", "fatal"]
+    fatal = logs[-1]
+    assert (fatal["event"], fatal["exit_code"]) == ("fatal", 5)
+    assert fatal["reason"].startswith("crash loop: 3 restarts within 1800 s")
     assert w.store.load().last_failure == "exited_unexpectedly"
 
 
@@ -121,9 +117,12 @@ def test_a_gpu_that_stays_held_is_reset_and_a_failed_reset_ends_the_run(tmp_path
 
     w.events.call_at(LOAD_S + WARM_S + 5.0, crash)
     run = runner(w, settings(tmp_path))
-    with pytest.raises(GpuUnrecoverable) as err:
+    with capture_logs() as logs, pytest.raises(GpuUnrecoverable) as err:
         run.run()
     assert err.value.exit_code == 6
+    fatal = logs[-1]
+    assert (fatal["event"], fatal["exit_code"]) == ("fatal", 6)
+    assert "GPUs not released" in fatal["reason"]
     assert w.resetter.calls == [(0, "GPU-0"), (1, "GPU-1")]
     assert len(w.launcher.started) == 1, "never relaunched onto a dirty GPU"
     assert w.store.load().last_failure == "gpu_dirty"
@@ -182,35 +181,6 @@ def test_a_zombie_rank_is_a_dead_server_even_while_http_answers(tmp_path: Path):
         assert run.run() == 0
     unhealthy = next(e for e in logs if e["event"] == "unhealthy")
     assert unhealthy["cause"] is FailureKind.RANK_ZOMBIE
-
-
-def test_stop_signals_while_loading_and_during_the_backoff_end_the_run_cleanly(tmp_path: Path):
-    w = world(tmp_path)
-    w.events.at(1.0, SIGTERM)
-    with capture_logs() as logs:
-        assert runner(w, settings(tmp_path), watch_gpus=False).run() == 0
-    assert names(logs) == ["launching", "loading", "stopping", "stopped"]
-
-    w2 = world(tmp_path / "2")
-    w2.events.call_at(LOAD_S + WARM_S + 1.0, lambda: w2.server.crash_rank(0))
-    w2.events.at(LOAD_S + WARM_S + 5.0, SIGTERM)  # inside the 10 s backoff
-    with capture_logs() as logs:
-        assert runner(w2, settings(tmp_path / "2"), watch_gpus=False).run() == 0
-    assert names(logs)[-3:] == ["restarting", "stopping", "stopped"]
-    assert len(w2.launcher.started) == 1
-
-
-def test_a_second_signal_skips_the_drain(tmp_path: Path):
-    w = world(tmp_path)
-    w.launcher.on_start = lambda server: setattr(server, "exit_on_term", None)  # ignores SIGTERM
-    w.events.at(2.0, SIGTERM)
-    w.events.at(7.0, SignalEvent(signal.SIGINT, "SIGINT"))
-    with capture_logs() as logs:
-        assert runner(w, settings(tmp_path, stop_grace_s=60.0), watch_gpus=False).run() == 0
-    escalated = next(e for e in logs if e["event"] == "stop_escalated")
-    assert escalated["signal"] == "SIGINT"
-    assert w.clock.now < 60.0, "the grace was cut short"
-    assert w.launcher.last.poll() is not None
 
 
 def test_leftovers_of_an_earlier_run_are_killed_before_the_first_launch(tmp_path: Path):
@@ -285,42 +255,6 @@ def test_a_memory_kill_relaunches_with_a_smaller_hicache_size(tmp_path: Path, te
     assert dog.stopped == 1
 
 
-@pytest.mark.parametrize(
-    ("extra", "grace_s"),
-    [((), 60.0), (("--nnodes", "2", "--node-rank", "1"), 5.0)],
-)
-def test_a_stop_sigterms_first_and_kills_the_group_after_the_node_s_grace(
-    tmp_path: Path, extra: tuple[str, ...], grace_s: float
-):
-    """Node 0 drains for stop_grace; a worker node (--node-rank >= 1) does not drain in SGLang,
-    so it gets worker_stop_grace. A main process that never exits is killed at the deadline."""
-    w = world(tmp_path)
-    args = ("--model-path", "m", "--tp", "2", *extra)
-    run = runner(w, settings(tmp_path, args))
-    killed_at: list[float] = []
-    stop_at = LOAD_S + WARM_S + 10.0
-
-    def ignore_sigterm() -> None:
-        w.server.exit_on_term = None  # the main process stays, as a non-draining node does
-        kill_all = w.server.kill_all
-
-        def timed_kill(reason: KillReason) -> tuple[int, ...]:
-            killed_at.append(w.clock.now)
-            return kill_all(reason)
-
-        w.server.kill_all = timed_kill  # type: ignore[method-assign]
-
-    w.events.call_at(stop_at - 1.0, ignore_sigterm)
-    w.events.at(stop_at, SIGTERM)
-    with capture_logs() as logs:
-        assert run.run() == 0
-    stopping = next(e for e in logs if e["event"] == "stopping")
-    assert stopping["grace_s"] == grace_s
-    assert w.server.terminated == 1
-    assert killed_at[0] >= stop_at + grace_s
-    assert killed_at[0] < stop_at + grace_s + 1.0  # no later than the next poll
-
-
 SIZING_LINES = [
     "[2026-12-01 05:00:00 TP0] Load weight end. elapsed=9.10 s, type=LlamaForCausalLM, "
     "avail mem=120.50 GB, mem usage=18.63 GB.",
@@ -383,3 +317,52 @@ def test_a_rank_s_exit_is_acted_on_when_it_happens_not_at_the_next_tick(tmp_path
     assert killed_at[0] == crash_at
     unhealthy = next(e for e in logs if e["event"] == "unhealthy")
     assert unhealthy["cause"] == "rank_crash"
+
+
+def test_a_health_path_the_server_does_not_have_ends_the_run_as_bad_config(tmp_path: Path):
+    w = world(tmp_path)
+    w.events.call_at(LOAD_S + 0.5, lambda: setattr(w.probe, "answer", HealthStatus.NOT_FOUND))
+    run = runner(w, settings(tmp_path), watch_gpus=False)
+    with capture_logs() as logs, pytest.raises(ConfigError) as err:
+        run.run()
+    assert err.value.exit_code == 2
+    assert "answers 404 on the health path" in str(err.value)
+    assert len(w.launcher.started) == 1, "a wrong path never heals: no restart"
+    assert w.launcher.last.poll() is not None
+    assert names(logs)[-2:] == ["unhealthy", "fatal"]
+    assert w.store.load().last_failure == "health_path_missing"
+
+
+def test_the_shared_memory_of_every_gone_tree_is_swept(tmp_path: Path):
+    w = world(tmp_path)
+    earlier = RunState(instance="unit", server_pids=(ProcessRef(pid=4444, start_ticks=77),))
+    w.store.save(earlier)
+    w.events.call_at(LOAD_S + WARM_S + 1.0, lambda: w.server.crash_rank(0))
+    w.events.at(LOAD_S + WARM_S + 30.0, SIGTERM)
+    assert runner(w, settings(tmp_path), watch_gpus=False).run() == 0
+    first, second = w.launcher.started
+    assert w.swept[0] == {4444: 77}, "the earlier supervisor's tree, before the first launch"
+    # Each launch's tree once it is gone (the crashed rank included), the stopped one last.
+    assert w.swept[1:] == [first.seen, second.seen]
+    assert first.seen.keys() >= {first.pid, first.pid + 1, first.pid + 2}
+
+
+def test_the_ledger_holds_the_plan_from_the_preflight_until_ready_and_again_per_relaunch(
+    tmp_path: Path,
+):
+    w = world(tmp_path)
+    w.events.call_at(LOAD_S + WARM_S + 1.0, lambda: w.server.crash_rank(0))
+    w.events.at(LOAD_S + WARM_S + 30.0, SIGTERM)
+    run = runner(w, settings(tmp_path), watch_gpus=False)
+    assert run.run() == 0
+    assert run.fit is not None
+    planned = run.fit.host_required_bytes
+    kinds = [c[0] for c in w.ledger.calls]
+    # gate: set; loading: pinned updates; ready: drop; relaunch: set again; ...; end: drop.
+    assert w.ledger.calls[0] == ("set", planned, 0)
+    first_drop = kinds.index("drop")
+    assert first_drop > 1, "no pinned update while loading"
+    assert all(c[:2] == ("set", planned) for c in w.ledger.calls[1:first_drop])
+    assert w.ledger.calls[first_drop + 1] == ("set", planned, 0)
+    assert kinds.count("drop") >= 3
+    assert kinds[-1] == "drop"

@@ -11,7 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from supervisor.errors import ConfigError
-from supervisor.run.state import ProcessRef, RunState, StateStore
+from supervisor.run.state import STATE_FILE, ProcessRef, RunState, StateStore
 
 
 def test_missing_file_is_a_fresh_state_and_a_saved_state_round_trips(tmp_path):
@@ -95,3 +95,64 @@ def test_a_second_supervisor_of_the_same_state_dir_is_refused_naming_the_first(t
     second = StateStore(tmp_path)
     with pytest.raises(ConfigError, match=rf"pid {os.getpid()}\) already supervises"):
         second.claim()
+
+
+def test_non_utf8_bytes_are_a_corrupt_file_not_a_crash(tmp_path):
+    store = StateStore(tmp_path)
+    store.path.write_bytes(b'{"run_id": "\xff\xfe"}')
+    with capture_logs() as logs:
+        assert store.load() == RunState()
+    assert logs[0]["event"] == "state_corrupt"
+    assert len(list(tmp_path.glob("state.json.corrupt-*"))) == 1
+
+
+def test_only_the_newest_corrupt_files_are_kept(tmp_path):
+    from tests.fakes import FakeClock
+
+    clock = FakeClock()
+    store = StateStore(tmp_path, clock=clock, keep_files=3)
+    stamps = []
+    for _ in range(5):
+        store.path.write_text("{not json")
+        stamps.append(int(clock.wall()))
+        store.load()
+        clock.advance(10.0)
+    kept = sorted(p.name for p in tmp_path.glob("state.json.corrupt-*"))
+    assert kept == [f"state.json.corrupt-{stamp}" for stamp in stamps[2:]]
+
+
+def test_a_full_disk_keeps_the_state_in_memory_until_a_write_succeeds(tmp_path, monkeypatch):
+    from supervisor.atomic_file import write_text_atomic
+
+    store = StateStore(tmp_path)
+    store.save(RunState(restart_count=1))
+
+    def full(path: object, text: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("supervisor.run.state.write_text_atomic", full)
+    with capture_logs() as logs:
+        store.update(lambda s: dataclasses.replace(s, restart_count=2))
+        store.update(lambda s: dataclasses.replace(s, hicache_size_override_gb=36))
+    assert [e["event"] for e in logs] == ["state_not_saved"]  # said once, not per write
+    assert store.load().restart_count == 2  # memory wins over the stale file
+    assert store.load().hicache_size_override_gb == 36
+    assert json.loads(store.path.read_text())["restart_count"] == 1
+    monkeypatch.setattr("supervisor.run.state.write_text_atomic", write_text_atomic)
+    with capture_logs() as logs:
+        store.update(lambda s: dataclasses.replace(s, restart_count=3))
+    assert logs[0]["event"] == "state_saved_again"
+    saved = json.loads(store.path.read_text())
+    assert (saved["restart_count"], saved["hicache_size_override_gb"]) == (3, 36)
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_as_the_state_file_is_unreadable_not_a_hang(tmp_path):
+    os.mkfifo(tmp_path / STATE_FILE)
+    store = StateStore(tmp_path)
+    with capture_logs() as logs:
+        assert store.load() == RunState()
+    assert logs[0]["event"] == "state_unreadable"
+    store.save(RunState(restart_count=2))
+    assert (tmp_path / STATE_FILE).is_file()
+    assert StateStore(tmp_path).load().restart_count == 2

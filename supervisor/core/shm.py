@@ -1,0 +1,71 @@
+"""Which /dev/shm segments a dead server tree of ours left behind.
+
+SGLang names its POSIX shared-memory segments after the process that creates them
+(sglang/srt/utils/stale_shm_cleanup.py `make_shm_name`: "sgl_shm_<kind>_<pid>_<rand>", e.g. the
+MessageQueue ring buffers of distributed/device_communicators/shm_broadcast.py; and
+"multi_tokenizer_args_<pid>"). Only a clean exit unlinks them: the SIGKILL of a whole tree skips
+every unlink path and the segments stay, pinned in RAM, until someone removes them (SGLang's own
+sweep runs only in its CI).
+
+A segment is ours to remove only when its creator PID was a process of our tree, seen alive with
+its start time, that process is gone now (a live PID with another start time is a reused PID:
+ours is gone), and the segment is no older than that process (a segment left by an earlier
+process with the same PID is not ours).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+SGL_SHM_PREFIX = "sgl_shm_"
+MULTI_TOKENIZER_PREFIX = "multi_tokenizer_args_"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    name: str
+    size_bytes: int
+    made_at_s: float  # epoch seconds; no later than its creation (min of mtime and ctime)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Member:
+    """A process of our tree as it was seen alive."""
+
+    pid: int
+    start_ticks: int
+    started_at_s: float  # epoch seconds; no later than its real start
+
+
+def creator_pid(name: str) -> int | None:
+    """The PID a segment's name carries; None for a name SGLang does not stamp."""
+    if name.startswith(SGL_SHM_PREFIX):
+        parts = name.split("_")  # sgl, shm, <kind...>, <pid>, <rand>: the kind may hold "_"
+        text = parts[-2] if len(parts) >= 4 else ""
+    elif name.startswith(MULTI_TOKENIZER_PREFIX):
+        text = name[len(MULTI_TOKENIZER_PREFIX) :]
+    else:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    return pid if pid > 0 else None
+
+
+def left_by(
+    segments: Iterable[Segment],
+    members: Mapping[int, Member],
+    is_alive: Callable[[int, int], bool],
+) -> tuple[Segment, ...]:
+    """The segments made by a member of our tree that is dead now (is_alive(pid, ticks))."""
+    out = []
+    for segment in segments:
+        pid = creator_pid(segment.name)
+        member = members.get(pid) if pid is not None else None
+        if member is None or is_alive(member.pid, member.start_ticks):
+            continue
+        if segment.made_at_s < member.started_at_s:
+            continue
+        out.append(segment)
+    return tuple(out)

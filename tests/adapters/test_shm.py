@@ -1,0 +1,59 @@
+"""Removing what a gone tree left in a shm directory: real files, real PIDs and start times."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from supervisor.adapters.procfs import ProcReader
+from supervisor.adapters.shm import segments, sweep
+
+
+def dead_process() -> tuple[int, int]:
+    """A process of this test that ran and is gone: (pid, start ticks)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    ticks = ProcReader().start_ticks(child.pid)
+    assert ticks is not None
+    child.communicate(b"")
+    return child.pid, ticks
+
+
+def test_the_segments_of_a_gone_member_go_and_nothing_else(tmp_path: Path):
+    pid, ticks = dead_process()
+    me = os.getpid()
+    my_ticks = ProcReader().start_ticks(me) or 0
+    for name in (f"sgl_shm_mq_{pid}_aaaa1111", f"multi_tokenizer_args_{pid}"):
+        (tmp_path / name).write_bytes(b"\0" * 8192)
+    (tmp_path / f"sgl_shm_mq_{me}_bbbb2222").write_bytes(b"x")  # a live member's
+    (tmp_path / f"nccl-{pid}").write_bytes(b"x")  # not SGLang's pid-stamped family
+    with capture_logs() as logs:
+        removed, freed = sweep({pid: ticks, me: my_ticks}, directory=tmp_path)
+    assert (removed, freed) == (2, 16384)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"nccl-{pid}",
+        f"sgl_shm_mq_{me}_bbbb2222",
+    ]
+    assert [e["event"] for e in logs] == ["shm_removed"]
+
+
+def test_a_segment_older_than_the_member_is_an_earlier_process_s_and_stays(tmp_path: Path):
+    pid, ticks = dead_process()
+    old = tmp_path / f"sgl_shm_mq_{pid}_cccc3333"
+    old.write_bytes(b"x")
+    an_hour_ago = time.time() - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))  # mtime before the member started
+    assert sweep({pid: ticks}, directory=tmp_path) == (0, 0)
+    assert old.exists()
+
+
+def test_nothing_seen_or_no_directory_is_no_work_and_no_error(tmp_path: Path):
+    assert sweep({}, directory=tmp_path) == (0, 0)
+    assert sweep({1: 1}, directory=tmp_path / "missing") == (0, 0)
+    assert segments(tmp_path / "missing") == ()
