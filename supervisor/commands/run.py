@@ -184,7 +184,7 @@ def build_settings(
     )
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command()
 @click.option(
     "--config",
     "config_path",
