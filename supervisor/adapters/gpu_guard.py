@@ -37,9 +37,9 @@ from supervisor.core.readings import GpuProcess, GpuState
 
 log = structlog.get_logger("supervisor.gpu_guard")
 
-# Importing pynvml and nvmlInit take ~0.1-0.5 s on a healthy box; a first answer later than this
-# is a hang too.
-STARTUP_ALLOWANCE_S = 10.0
+# The first answer's deadline ([gpu] nvml_start_timeout): importing pynvml and nvmlInit take
+# ~0.1-0.5 s on a healthy box, seconds on many GPUs without persistence mode.
+START_TIMEOUT_S = 15.0
 
 
 def _to_json(gpus: tuple[GpuState, ...] | None) -> str:
@@ -89,12 +89,14 @@ class GuardedGpuSensor:
         module: str = "pynvml",
         *,
         timeout_s: float = 5.0,
+        start_timeout_s: float = START_TIMEOUT_S,
         retry_after_s: float = 30.0,
         env: Mapping[str, str] | None = None,
         on_alert: Callable[[str], None] | None = None,
     ) -> None:
         self.module = module
         self.timeout_s = timeout_s
+        self.start_timeout_s = start_timeout_s
         self.retry_after_s = retry_after_s
         self.env = dict(env) if env is not None else None
         self.on_alert = on_alert
@@ -170,7 +172,7 @@ class GuardedGpuSensor:
         worker = self._worker
         if worker.stdin is None or worker.stdout is None:  # pragma: no cover - PIPEs above
             raise RuntimeError("gpu worker started without pipes")
-        deadline = self.timeout_s + (0.0 if self._answered else STARTUP_ALLOWANCE_S)
+        deadline = self.timeout_s if self._answered else max(self.timeout_s, self.start_timeout_s)
         try:
             worker.stdin.write("read\n")
             worker.stdin.flush()

@@ -327,7 +327,13 @@ def _supervise(
     log = structlog.get_logger("supervisor.run")
     gpu = settings.config.gpu
     backend = launch.resolve_gpu_backend(gpu.backend)
-    sensor = None if backend == "none" else guarded_sensor(backend, timeout_s=gpu.nvml_timeout_s)
+    sensor = (
+        None
+        if backend == "none"
+        else guarded_sensor(
+            backend, timeout_s=gpu.nvml_timeout_s, start_timeout_s=gpu.nvml_start_timeout_s
+        )
+    )
     guard = MemoryGuard(
         settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
     )

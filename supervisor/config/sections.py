@@ -313,6 +313,9 @@ class GpuConfig:
     release_tolerance_bytes: int = 1 * GiB  # used memory counts as released within this
     d_state_grace_s: float = 120.0  # extra wait for holders stuck in D state
     nvml_timeout_s: float = 5.0  # one NVML query; longer means NVML hangs (GPU state unknown)
+    # The first query: the NVML worker imports pynvml and runs nvmlInit, seconds on many GPUs
+    # without persistence mode. No answer by then is a hang too: no launch until NVML answers.
+    nvml_start_timeout_s: float = 15.0
 
     def __post_init__(self) -> None:
         if self.backend not in GPU_BACKENDS:
@@ -320,7 +323,8 @@ class GpuConfig:
                 f"config key gpu.backend must be one of {'|'.join(GPU_BACKENDS)} "
                 f"(got {self.backend!r})"
             )
-        for name in ("reset_timeout_s", "release_timeout_s", "d_state_grace_s", "nvml_timeout_s"):
+        timeouts = ("reset_timeout_s", "release_timeout_s", "d_state_grace_s", "nvml_timeout_s")
+        for name in (*timeouts, "nvml_start_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config key gpu.{name[:-2]} must be positive")
         if self.reset_command:

@@ -60,11 +60,16 @@ class LazySensor:
 
 
 def guarded_sensor(
-    backend: str, *, timeout_s: float, env: Mapping[str, str] | None = None
+    backend: str,
+    *,
+    timeout_s: float,
+    start_timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> GuardedGpuSensor:
     """The sensor `run` uses: NVML (`nvml`) or the simulation (`sim`) in a worker process with
-    a deadline per query."""
-    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    a deadline per query (`start_timeout_s` for the first: the worker's import and nvmlInit)."""
+    from supervisor.adapters.gpu_guard import START_TIMEOUT_S, GuardedGpuSensor
 
     module = SIM_MODULE if backend == "sim" else "pynvml"
-    return GuardedGpuSensor(module, timeout_s=timeout_s, env=env)
+    start_s = START_TIMEOUT_S if start_timeout_s is None else start_timeout_s
+    return GuardedGpuSensor(module, timeout_s=timeout_s, start_timeout_s=start_s, env=env)

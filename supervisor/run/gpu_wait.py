@@ -310,10 +310,47 @@ class GpuRelease:
         self.notify_status = notify_status
         self.baselines: dict[str, int] = {}
 
-    def measure_baselines(self) -> None:
-        """Used memory per target GPU before the first launch: "released" means back near it."""
-        if self.sensor is not None:
-            self.baselines = measure_baselines(self.sensor, self.indices)
+    def measure_baselines(self, clock: Clock, *, force: bool = False) -> None:
+        """Used memory per target GPU before the first launch: "released" means back near it.
+
+        NVML must answer first: a launch onto GPUs whose state nobody can read may land on a
+        held or broken GPU, and SGLang's own CUDA init would hang where NVML hangs. It is
+        asked again until gpu.release_timeout; `force` launches with the state unknown then.
+
+        Raises:
+            GpuUnrecoverable: NVML never answered (without `force`).
+            StopRequested: from `clock` (an EventClock), when a stop signal arrives.
+        """
+        if self.sensor is None:
+            return
+        if self.sensor.read_gpus() is None and not self._nvml_answers(clock, force):
+            return
+        self.baselines = measure_baselines(self.sensor, self.indices)
+
+    def _nvml_answers(self, clock: Clock, force: bool) -> bool:
+        assert self.sensor is not None
+        limit_s = self.gpu.release_timeout_s
+        log.error("nvml_unanswered", waiting_s=limit_s, detail="not launching onto unread GPUs")
+        if self.notify_status is not None:
+            self.notify_status(f"waiting for NVML to answer (up to {limit_s:g} s)")
+        started = clock.monotonic()
+        while clock.monotonic() - started < limit_s:
+            clock.sleep(1.0)
+            if self.sensor.read_gpus() is not None:
+                log.info("nvml_answered", waited_s=round(clock.monotonic() - started, 3))
+                return True
+        reason = (
+            f"NVML gave no answer for {limit_s:g} s before the first launch: the driver or a "
+            "GPU is hung (nvidia-smi would hang too); reset the GPU or reboot the node"
+        )
+        if force:
+            log.warning("launching_gpus_unknown", reason=reason, forced=True)
+            return False
+        raise_if_unrecoverable(
+            ReleaseResult(ok=False, reason=reason, elapsed_s=clock.monotonic() - started),
+            self.notify_status,
+        )
+        return False
 
     def wait(self, old_pids: Sequence[int], clock: Clock) -> None:
         """Block until no target GPU lists `old_pids` and memory is back near the baseline.

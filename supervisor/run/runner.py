@@ -207,7 +207,7 @@ class Runner:
             wait_released=lambda pids: self.release.wait(pids, self.wait_clock),
         )
         self.io.sweep_shm({p.pid: p.start_ticks for p in earlier.server_pids})
-        self.release.measure_baselines()
+        self.release.measure_baselines(self.wait_clock, force=self.run_cfg.force)
 
     def prepare_argv(self) -> tuple[str, ...]:
         """The argv of this launch: the watchdog's override, then the pre-flight gate (first

@@ -92,3 +92,17 @@ def test_snapshots_survive_the_json_round_trip():
     )
     assert _from_json(_to_json(gpus)) == gpus
     assert _from_json(_to_json(None)) is None
+
+
+def test_nvml_hung_from_the_start_is_unknown_after_the_start_timeout(
+    make_gpu_state: Callable[..., Path],
+):
+    state = make_gpu_state(1)
+    gpu_state.set_nvml_hang(state, 30.0)
+    guard = GuardedGpuSensor(SIM, env=_sim(state), timeout_s=0.2, start_timeout_s=0.5)
+    try:
+        assert guard.read_gpus() is None
+        assert guard.hangs == 1
+    finally:
+        gpu_state.set_nvml_hang(state, None)
+        guard.close()

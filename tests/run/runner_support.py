@@ -135,7 +135,9 @@ def runner(
     *,
     plugins: Plugins | None = None,
     watch_gpus: bool = True,
+    gpus: Callable[[float], tuple[GpuState, ...] | None] | None = None,
 ) -> Runner:
+    """The runner over the world's fakes; `gpus` replaces what NVML answers (World.gpus)."""
     io = RunnerIO(
         clock=w.clock,
         events=w.events,
@@ -143,7 +145,7 @@ def runner(
         processes=w.processes,
         notifier=w.notifier,
         probe_factory=lambda plan: w.probe,
-        sensor=ScriptedGpus(w.clock, w.gpus) if watch_gpus else None,
+        sensor=ScriptedGpus(w.clock, gpus or w.gpus) if watch_gpus else None,
         resetter=w.resetter,
         probe_executor=ImmediateExecutor,
         sweep_shm=lambda seen: w.swept.append(dict(seen)),
