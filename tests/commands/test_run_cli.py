@@ -58,7 +58,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
         ('[run]\nname = ".."\n', [], "run.name"),
         # A misspelt option before -- is the supervisor's, never forwarded to SGLang.
         ("", ["--helth-interval", "1s"], "No such option '--helth-interval'"),
-        ('[run]\nkeep_files = 0\n', [], "run.keep_files"),
+        ("[run]\nkeep_files = 0\n", [], "run.keep_files"),
     ],
 )
 def test_bad_input_exits_2_naming_what_is_wrong(tmp_path, capsys, config, options, message):
