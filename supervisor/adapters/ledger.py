@@ -91,7 +91,7 @@ class Ledger:
         self._warned = False
 
     def is_alive(self, pid: int, start_ticks: int) -> bool:
-        return self.proc.start_ticks(pid) == start_ticks
+        return self.proc.is_running(pid, start_ticks)
 
     def unavailable(self, why: str) -> None:
         if not self._warned:

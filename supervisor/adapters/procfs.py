@@ -109,6 +109,11 @@ class ProcReader:
         stat = self._stat(pid)
         return stat.start_ticks if stat else None
 
+    def is_running(self, pid: int, start_ticks: int) -> bool:
+        """That very process (PID and start time) runs: neither gone, nor a zombie, nor reused."""
+        stat = self._stat(pid)
+        return stat is not None and stat.start_ticks == start_ticks and stat.state not in "ZX"
+
     def title(self, pid: int) -> str:
         """The command line as ps shows it; the comm for zombies and kernel threads."""
         try:

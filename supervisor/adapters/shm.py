@@ -4,6 +4,7 @@ ours left (the rule is core.shm's)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -18,15 +19,15 @@ SHM_DIR = Path("/dev/shm")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def boot_time_s(proc_root: Path = Path("/proc")) -> float | None:
-    """The boot time (epoch seconds, whole: /proc/stat's btime is truncated)."""
-    try:
-        for line in (proc_root / "stat").read_text().splitlines():
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+def started_at_s(start_ticks: int) -> float:
+    """A process's start as wall time (epoch seconds), never later than the real start.
+
+    The start is counted in clock ticks of CLOCK_BOOTTIME; the offset between that clock and
+    the wall clock is taken now, so a clock stepped since boot does not skew it (/proc/stat's
+    btime would, and is truncated to whole seconds besides). Ticks are truncated: early side.
+    """
+    since_start_s = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / _CLK_TCK
+    return time.time() - since_start_s
 
 
 def segments(directory: Path = SHM_DIR) -> tuple[Segment, ...]:
@@ -57,16 +58,16 @@ def sweep(
 ) -> tuple[int, int]:
     """Remove the segments made by processes of `seen` (pid -> start ticks, a tree of ours
     that is gone now). Best effort, never raises. Returns (segments removed, bytes freed)."""
-    boot_s = boot_time_s()
-    if not seen or boot_s is None:
+    if not seen:
         return 0, 0
     reader = proc or ProcReader()
     members = {
-        pid: Member(pid=pid, start_ticks=ticks, started_at_s=boot_s + ticks / _CLK_TCK)
+        pid: Member(pid=pid, start_ticks=ticks, started_at_s=started_at_s(ticks))
         for pid, ticks in seen.items()
         if ticks > 0
     }
-    stale = left_by(segments(directory), members, lambda p, t: reader.start_ticks(p) == t)
+    # A zombie is gone too: its segments are as orphaned as a reaped process's.
+    stale = left_by(segments(directory), members, reader.is_running)
     removed = freed = 0
     for segment in stale:
         try:

@@ -57,3 +57,17 @@ def test_nothing_seen_or_no_directory_is_no_work_and_no_error(tmp_path: Path):
     assert sweep({}, directory=tmp_path) == (0, 0)
     assert sweep({1: 1}, directory=tmp_path / "missing") == (0, 0)
     assert segments(tmp_path / "missing") == ()
+
+
+def test_a_member_that_is_a_zombie_not_yet_reaped_is_gone(tmp_path: Path):
+    """The tree's SIGKILL leaves ranks as zombies until someone reaps them: their segments go
+    all the same, whoever reaps first."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ticks = ProcReader().start_ticks(child.pid)
+    assert ticks is not None
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, still a zombie
+    (tmp_path / f"sgl_shm_mq_{child.pid}_dddd4444").write_bytes(b"x")
+    try:
+        assert sweep({child.pid: ticks}, directory=tmp_path) == (1, 1)
+    finally:
+        child.wait()
