@@ -79,6 +79,9 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                                  makes N (whatever the topology) and no other rank any; 0 = none
     shm_sweep              false before anything starts, the main process runs SGLang's stale
                                  /dev/shm sweep (below); SGLang 0.5.23's server never does
+    log_lines              []    lines the main process prints after its server_args line, with
+                                 $NAME expanded from its environment: what a library's debug
+                                 output may reveal (a token, an Authorization header)
 
 Processes (SGLang 0.5.23; supervisor/testing/topology.py): the main process (title unchanged)
 serves HTTP; every child is a multiprocessing "spawn" child; nobody calls setsid, so all share

@@ -376,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "api_key": plan.api_key,
     }
     log("", f"server_args={shown!r}")
+    for line in scenario.log_lines:  # what a library's debug output may reveal (secrets, say)
+        log("", os.path.expandvars(line))
     try:
         launcher.run()
     finally:

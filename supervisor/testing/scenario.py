@@ -80,6 +80,7 @@ class Scenario:
     hang_nvml_s: float | None = None
     shm_segments: int | None = None  # None: SGLang's broadcasters; N: rank 0 makes N, others 0
     shm_sweep: bool = False  # stale_shm_cleanup's sweep before anything starts
+    log_lines: tuple[str, ...] = field(default_factory=tuple)  # printed at start, $VARs expanded
 
 
 _NUMBER = (int, float)
@@ -125,10 +126,10 @@ def _convert(name: str, annotation: str, value: object) -> object:
             raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: kind setsid|double_fork")
         return orphan
     if annotation.startswith("tuple"):
-        _check(name, value, (list,), "a list of flags")
+        _check(name, value, (list,), "a list of strings")
         assert isinstance(value, list)
         for flag in value:
-            _check(name, flag, (str,), "a list of flags")
+            _check(name, flag, (str,), "a list of strings")
         return tuple(value)
     if annotation.startswith("bool"):
         _check(name, value, (bool,), "true or false")

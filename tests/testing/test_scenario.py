@@ -47,7 +47,7 @@ def test_nested_keys_and_signal_names_are_read():
         ('{"leak": {"rank": 0, "bytes": 5}}', "unknown key 'leak.bytes'"),
         ('{"leak": {"kind": "heap"}}', "leak.kind"),
         ('{"orphan": {"kind": "fork"}}', "setsid|double_fork"),
-        ('{"bad_flags": "--foo"}', "a list of flags"),
+        ('{"bad_flags": "--foo"}', "a list of strings"),
         ('{"health_fail_mode": "500"}', "health_fail_mode"),
         # drain_s went away: the drain now lasts as long as requests are in flight.
         ('{"drain_s": 1}', "unknown key 'drain_s'"),
