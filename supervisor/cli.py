@@ -80,7 +80,7 @@ def _main(argv: list[str] | None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except SupervisorError as exc:
-        click.echo(f"sglang-supervisor: {exc}", err=True)
+        _report(exc)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -91,3 +91,19 @@ def _main(argv: list[str] | None) -> None:
         click.echo("sglang-supervisor: internal error (a bug; traceback above)", err=True)
         sys.exit(ExitCode.INTERNAL)
     sys.exit(rc if isinstance(rc, int) else ExitCode.OK)
+
+
+def _report(exc: SupervisorError) -> None:
+    """The operator's one line on stderr; where the log is JSON, a `fatal` event instead (once),
+    so that a program reading the log finds the reason as its last event."""
+    log_module = sys.modules.get("supervisor.log")  # imported only by commands that log
+    if log_module is None or log_module.configured_format() != "json":
+        click.echo(f"sglang-supervisor: {exc}", err=True)
+        return
+    if not exc.logged:
+        import structlog
+
+        reason, *rest = str(exc).splitlines() or [""]
+        extra = {"detail": "\n".join(rest)} if rest else {}
+        log = structlog.get_logger("supervisor")
+        log.error("fatal", exit_code=int(exc.exit_code), reason=reason, **extra)

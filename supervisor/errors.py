@@ -22,6 +22,7 @@ class SupervisorError(Exception):
     """Base of every error the supervisor reports to the operator without a traceback."""
 
     exit_code: ExitCode = ExitCode.INTERNAL
+    logged = False  # already told as a `fatal` log event (the run loop's end)
 
 
 class ConfigError(SupervisorError):

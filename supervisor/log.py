@@ -38,14 +38,24 @@ def _scrub_event(_logger: Any, _method: str, event: MutableMapping[str, Any]) ->
     return {key: scrub(value) for key, value in event.items()}
 
 
+_format: str | None = None  # as configured: "json" | "console"; None: not yet
+
+
+def configured_format() -> str | None:
+    """How log events are rendered since configure_logging; None before it ran."""
+    return _format
+
+
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
     """Route every log event to `stream` (stderr) as console key-values or JSON lines.
 
     "auto" renders for a human when the stream is a TTY and as JSON otherwise.
     """
+    global _format
     out = stream or sys.stderr
     if fmt == "auto":
         fmt = "console" if out.isatty() else "json"
+    _format = fmt
     renderer: Any = (
         structlog.dev.ConsoleRenderer(colors=out.isatty())
         if fmt == "console"

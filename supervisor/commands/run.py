@@ -219,6 +219,9 @@ def run(
     """
     from supervisor.log import configure_logging
 
+    # From the first moment: a refusal of the config itself is then a `fatal` event too, where
+    # the log is JSON (the file's own log_format applies once it is read).
+    configure_logging(str(run_options.get("log_format") or "auto"))
     config = load_config(config_path)
     settings = build_settings(
         config,

@@ -116,8 +116,10 @@ class Runner:
             self.stopped_while_waiting(stop.event.name)
             return 0
         except SupervisorError as exc:  # every fatal end leaves one `fatal` event with its reason
-            code = int(exc.exit_code)
-            self.set_state(ServerState.FATAL, exit_code=code, reason=str(exc).splitlines()[0])
+            reason, *rest = str(exc).splitlines() or [""]
+            extra = {"detail": "\n".join(rest)} if rest else {}
+            self.set_state(ServerState.FATAL, exit_code=int(exc.exit_code), reason=reason, **extra)
+            exc.logged = True
             raise
         finally:
             if self.io.reservations is not None:
