@@ -32,36 +32,58 @@ SERVER_COMMAND = f"{sys.executable} -m supervisor.testing.fake_sglang"
 
 # Tiny timings: health every 0.2 s, a restart after 0.1 s; pre-flight overheads shrunk so the
 # simulated 2-rank server fits any test machine; the watchdog and GPUs are other tests' subject.
-CONFIG = """
-[server]
-model_config = "{model_config}"
-env = {{ HF_TOKEN = "hf_e2e_secret_token" }}
+# {name}-style placeholders are filled per test; `overrides` replace keys, section by section.
+CONFIG: dict[str, dict[str, Any]] = {
+    "server": {"model_config": "{model_config}", "env": {"HF_TOKEN": "hf_e2e_secret_token"}},
+    "preflight": {
+        "reserve": "0B",
+        "ledger_dir": "{state_dir}/ledger",
+        "per_rank_overhead": "1MiB",
+        "main_overhead": "1MiB",
+    },
+    "run": {
+        "name": "{name}",
+        "state_dir": "{state_dir}",
+        "cgroup": "{cgroup}",
+        "health_interval": "0.2s",
+        "health_timeout": "2s",
+        "failure_threshold": 3,
+        "stop_grace": "5s",
+        "backoff_initial": "0.1s",
+        "backoff_max": "0.4s",
+        "startup_stall_timeout": "30s",
+    },
+    "watchdog": {"enabled": False},
+    "gpu": {"backend": "{backend}", "release_timeout": "20s"},
+}
 
-[preflight]
-reserve = "0B"
-ledger_dir = "{state_dir}/ledger"
-per_rank_overhead = "1MiB"
-main_overhead = "1MiB"
 
-[run]
-name = "{name}"
-state_dir = "{state_dir}"
-cgroup = "{cgroup}"
-health_interval = "0.2s"
-health_timeout = "2s"
-failure_threshold = 3
-stop_grace = "5s"
-backoff_initial = "0.1s"
-backoff_max = "0.4s"
-startup_stall_timeout = "30s"
+def _toml_value(value: Any, fill: Mapping[str, str]) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v, fill)}" for k, v in value.items()) + " }"
+    text = str(value)
+    for key, filled in fill.items():
+        text = text.replace("{" + key + "}", filled)
+    return json.dumps(text)
 
-[watchdog]
-enabled = false
 
-[gpu]
-backend = "{backend}"
-release_timeout = "20s"
-"""
+def config_text(
+    fill: Mapping[str, str], overrides: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    """The TOML config: CONFIG with `overrides` applied (a value None drops the key)."""
+    sections = {name: dict(keys) for name, keys in CONFIG.items()}
+    for name, keys in (overrides or {}).items():
+        sections.setdefault(name, {}).update(keys)
+    lines = []
+    for name, keys in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {_toml_value(v, fill)}" for k, v in keys.items() if v is not None]
+        lines.append("")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -183,17 +205,21 @@ def instance_name(tmp_path: Path) -> str:
     return "e2e-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:10]
 
 
-def write_config(tmp_path: Path, state_dir: Path, extra: str = "", backend: str = "none") -> Path:
+def write_config(
+    tmp_path: Path,
+    state_dir: Path,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    backend: str = "none",
+) -> Path:
     path = tmp_path / f"run-{uuid.uuid4().hex[:6]}.toml"
-    name = instance_name(tmp_path)
-    text = CONFIG.format(
-        model_config=MODEL_CONFIG,
-        state_dir=state_dir,
-        backend=backend,
-        name=name,
-        cgroup=CONTAINMENT,
-    )
-    path.write_text(text + extra)
+    fill = {
+        "model_config": str(MODEL_CONFIG),
+        "state_dir": str(state_dir),
+        "backend": backend,
+        "name": instance_name(tmp_path),
+        "cgroup": CONTAINMENT,
+    }
+    path.write_text(config_text(fill, overrides))
     return path
 
 
@@ -210,15 +236,15 @@ def supervisor(
     notify: bool = False,
     gpu_state_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
-    config_extra: str = "",
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
     wrapper: Sequence[str] = (),
 ) -> Iterator[Supervisor]:
     """Start `python -m supervisor run` on the simulated server; at exit make sure that it and
-    its tree are gone (SIGKILL whatever is left, then wait for the tree). `config_extra` is
-    appended to the TOML config; `wrapper` is a command the supervisor runs under (`unshare`)."""
+    its tree are gone (SIGKILL whatever is left, then wait for the tree). `overrides` replace
+    keys of the TOML config; `wrapper` is a command the supervisor runs under (`unshare`)."""
     state_dir = state_dir or tmp_path / "state"
     backend = "sim" if gpu_state_dir else "none"
-    config = write_config(tmp_path, state_dir, config_extra, backend=backend)
+    config = write_config(tmp_path, state_dir, overrides, backend=backend)
     log_path = tmp_path / f"supervisor-{uuid.uuid4().hex[:6]}.log"
     env = {**fake_server_env(scenario, state_dir=gpu_state_dir), **(env or {})}
     notify_sock = None

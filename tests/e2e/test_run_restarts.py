@@ -84,7 +84,7 @@ def test_a_bad_flag_is_never_retried_and_sglangs_message_is_shown(
         simulated_process_guard,
         scenario=scenario,
         server_args=("--tp", "2", "--no-such-flag"),
-        config_extra='\n[host]\nsglang_version = "0.9.0"\n',
+        overrides={"host": {"sglang_version": "0.9.0"}},
     ) as sup:
         assert sup.wait_exit() == 3
         settings = sup.events("settings")[0]
