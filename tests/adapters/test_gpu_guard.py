@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,11 +41,10 @@ def test_a_hanging_nvml_call_answers_unknown_within_the_deadline_and_alerts(
     )
     try:
         assert guard.read_gpus() is not None  # worker up and answering
-        gpu_state.set_nvml_hang(state, 30.0)
-        started = time.monotonic()
+        # Longer than the test's own timeout: that read_gpus returns at all shows the caller
+        # was not held by the hung call.
+        gpu_state.set_nvml_hang(state, 3600.0)
         assert guard.read_gpus() is None
-        took = time.monotonic() - started
-        assert took < 10.0, f"a hung NVML call blocked the caller for {took:.1f} s"
         assert guard.hangs == 1
         assert alerts
         assert "no answer" in alerts[0]
