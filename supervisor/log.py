@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Mapping, MutableMapping
+import threading
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -38,6 +39,53 @@ def _scrub_event(_logger: Any, _method: str, event: MutableMapping[str, Any]) ->
     return {key: scrub(value) for key, value in event.items()}
 
 
+# The event tap: every event, whatever its level, after masking, goes to each sink (the status
+# file, the metrics, the hooks). The log is the one record of what happened; what is derived from
+# it (status, metrics) cannot disagree with it.
+Sink = Callable[[Mapping[str, Any]], None]
+_sinks: tuple[Sink, ...] = ()
+_sinks_lock = threading.Lock()
+sink_errors = 0  # exceptions raised by sinks (swallowed: a sink must never break a log call)
+
+
+def add_sink(sink: Sink) -> None:
+    """Pass every event from now on to `sink` (synchronously, in the logging thread)."""
+    global _sinks
+    with _sinks_lock:
+        _sinks = (*_sinks, sink)
+
+
+def remove_sink(sink: Sink) -> None:
+    global _sinks
+    with _sinks_lock:
+        _sinks = tuple(s for s in _sinks if s is not sink)
+
+
+def _tap(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+    global sink_errors
+    for sink in _sinks:  # a tuple replaced whole: iterating needs no lock
+        try:
+            sink(event)
+        except Exception:  # noqa: BLE001 - a broken sink must not take logging down with it
+            sink_errors += 1
+    return event
+
+
+Processor = Callable[[Any, str, MutableMapping[str, Any]], Mapping[str, Any]]
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
+
+
+def _level_filter(minimum: int) -> Processor:
+    """Drop events below `minimum`, after the tap: sinks see debug events too."""
+
+    def keep(_logger: Any, method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:
+        if _LEVELS.get(method, 20) < minimum:
+            raise structlog.DropEvent
+        return event
+
+    return keep
+
+
 _format: str | None = None  # as configured: "json" | "console"; None: not yet
 
 
@@ -68,13 +116,12 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             _scrub_event,
+            _tap,
+            _level_filter(_LEVELS[level.lower()]),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-            if hasattr(logging, "getLevelNamesMapping")
-            else logging.getLevelName(level.upper())
-        ),
+        # Every level reaches the processors (the tap); _level_filter drops what is not shown.
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
