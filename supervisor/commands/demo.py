@@ -1,8 +1,8 @@
 """`sglang-supervisor demo`: the whole story on the built-in simulation, no GPU needed.
 
-A simulated 449 GB / 8 × H200 box. The pre-flight refuses `--hicache-size 300` (per rank, so
-2.4 TB) and names the safe size; the supervisor launches the simulated SGLang server with it; one
-rank starts leaking; the watchdog kills the whole group before the limit; the GPUs are waited
+The seed box, simulated: Kimi-K2.5 on 8 × RTX PRO 6000 (96 GB) with 449 GB of RAM. The
+pre-flight refuses `--hicache-size 300` (per rank, so 2.4 TB) and names the safe size; the
+supervisor launches the simulated SGLang server with it; one rank starts leaking; the watchdog kills the whole group before the limit; the GPUs are waited
 for (one stays stuck and gets the simulated `nvidia-smi --gpu-reset`); the server comes back
 with a smaller cache. Real memory stays tiny: 64 KiB stand for a simulated GB.
 
@@ -43,22 +43,69 @@ BOX_TOTAL_BYTES = 449 * GB
 # the supervisor itself take the rest), so the pre-flight suggests the same safe size, 49.
 OS_USED_BYTES = 4 * GB
 GPUS = 8
+GPU_TOTAL = "97887MiB"  # nvidia-smi memory.total of an RTX PRO 6000 Blackwell
+GPU_TOTAL_BYTES = 97887 * 2**20
+WEIGHTS_GB = 595  # Kimi-K2.5's checkpoint: INT4 experts, bf16 attention
 REAL_BYTES_PER_GB = 64 * KiB  # 8 ranks × 40 GB of host pool = 20 MiB of real memory
 ASKED_GB = 300
 STUCK_GPU = 3
 LEAK_RANK = 5
 LEAK_GB_PER_S = 8.0
 
-LLAMA_3_70B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 8192,
-    "intermediate_size": 28672,
-    "num_hidden_layers": 80,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
+# configs/models/kimi-k2.5/config.json (a test keeps the two equal): the geometry the pre-flight
+# and the simulated server read; the checkpoint itself is not needed.
+KIMI_K2_5: dict[str, Any] = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
     "torch_dtype": "bfloat16",
+    "text_config": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "kimi_k2",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 384,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 1,
+        "num_nextn_predict_layers": 0,
+        "vocab_size": 163840,
+        "max_position_embeddings": 262144,
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {
+                "group_0": {
+                    "weights": {"num_bits": 4, "type": "int", "group_size": 32, "symmetric": True},
+                    "targets": ["Linear"],
+                }
+            },
+            "ignore": [
+                "lm_head",
+                "re:.*self_attn.*",
+                "re:.*shared_experts.*",
+                "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+            ],
+        },
+    },
+    "vision_config": {
+        "model_type": "moonvit",
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "patch_size": 14,
+        "merge_kernel_size": [2, 2],
+    },
 }
 
 
@@ -96,13 +143,14 @@ def demo_config_text(workdir: Path, model_dir: Path) -> str:
             "max_bytes": 200 * REAL_BYTES_PER_GB,
         },
         "gpu_release_delay_s": 1.0,
-        "weight_bytes_per_rank": 141 * GB // GPUS,
+        "weight_bytes_per_rank": WEIGHTS_GB * GB // GPUS,
     }
     reset = f"{sys.executable} -m supervisor.testing.fake_gpu_reset {{index}}"
     return f"""
 [server]
 command = [{json.dumps(sys.executable)}, "-m", "supervisor.testing.fake_sglang"]
-args = ["--model-path", {json.dumps(str(model_dir))}, "--tp-size", "{GPUS}",
+args = ["--model-path", {json.dumps(str(model_dir))}, "--tp-size", "{GPUS}", "--trust-remote-code",
+        "--mem-fraction-static", "0.88", "--kv-cache-dtype", "bf16",
         "--enable-hierarchical-cache", "--hicache-size", "{ASKED_GB}", "--port", "{{port}}"]
 
 [server.env]
@@ -112,10 +160,10 @@ FAKE_SGLANG_BYTES_PER_GB = "{REAL_BYTES_PER_GB}"
 [host]
 mem_available = "{(BOX_TOTAL_BYTES - OS_USED_BYTES) // GB}GB"
 gpus = {GPUS}
-gpu_memory = "143771MiB"
+gpu_memory = "{GPU_TOTAL}"
 
 [preflight]
-weights = "141GB"
+weights = "{WEIGHTS_GB}GB"
 # The simulated box's memory is not this host's: it claims nothing in the host-wide ledger.
 ledger_dir = ""
 
@@ -246,9 +294,11 @@ def _prepare(workdir: Path) -> tuple[RunSettings, Path]:
 
     model_dir = workdir / "model"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(LLAMA_3_70B))
+    (model_dir / "config.json").write_text(json.dumps(KIMI_K2_5))
     gpus_dir = workdir / "gpus"
-    gpu_state.create_gpus(gpus_dir, GPUS, numa_nodes=2)
+    gpu_state.create_gpus(
+        gpus_dir, GPUS, total_bytes=GPU_TOTAL_BYTES, numa_nodes=2, name="NVIDIA RTX PRO 6000"
+    )
     os.environ["FAKE_GPU_STATE_DIR"] = str(gpus_dir)  # read by the reset command too
     for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
         os.environ.pop(name, None)
@@ -338,7 +388,8 @@ def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> in
             cache_logger_on_first_use=False,
         )
         echo(
-            f"Simulated box: {BOX_TOTAL_BYTES // GB} GB of RAM, {GPUS} × H200 (no GPU used; "
+            f"Simulated box: Kimi-K2.5 on {GPUS} × RTX PRO 6000 (96 GB), "
+            f"{BOX_TOTAL_BYTES // GB} GB of RAM (no GPU used; "
             f"{REAL_BYTES_PER_GB // KiB} KiB of real memory per simulated GB)."
         )
         echo(f"Asked for: --tp-size 8 --hicache-size {ASKED_GB} (GB *per rank*)\n")
