@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
+import structlog
 
 from supervisor.testing import gpu_state, shm
 from tests.testing.support import (
@@ -72,6 +73,15 @@ def _describe(proc: psutil.Process) -> str:
         return f"{proc.pid} {' '.join(proc.cmdline()).strip()[:80]!r}"
     except psutil.Error:
         return str(proc.pid)
+
+
+@pytest.fixture(autouse=True)
+def _structlog_as_it_was() -> Iterator[None]:
+    """A CLI call in-process configures logging onto this test's captured stderr, which pytest
+    closes afterwards: every later log call would fail. Put the configuration back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(autouse=True)

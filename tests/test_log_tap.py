@@ -28,7 +28,6 @@ def captured() -> Iterator[tuple[list[dict[str, Any]], io.StringIO]]:
     finally:
         sup_log.remove_sink(sink)
         sup_log.register_secrets(())
-        structlog.reset_defaults()
 
 
 def test_sinks_see_events_below_the_shown_level_and_the_stream_does_not(

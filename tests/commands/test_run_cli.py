@@ -4,11 +4,9 @@ named, no traceback; options override the config file."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from supervisor.cli import main
 from supervisor.commands.run import merge_run_config
@@ -16,14 +14,6 @@ from supervisor.config import RunConfig, load_config, read_toml
 from supervisor.errors import ConfigError
 
 FAKE = f"{sys.executable} -m supervisor.testing.fake_sglang"
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    # A run that got as far as configure_logging would leave structlog writing to this test's
-    # captured stderr, closed after it.
-    yield
-    structlog.reset_defaults()
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
