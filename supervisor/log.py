@@ -1,8 +1,11 @@
-"""structlog setup: key-value on a terminal, JSON lines otherwise (journald-friendly)."""
+"""structlog setup: key-value on a terminal, journal lines (syslog priority, a sentence,
+key=value) when stderr is the journal, JSON lines otherwise; the event tap and secret masking."""
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
@@ -10,6 +13,12 @@ from typing import Any, TextIO
 
 import structlog
 
+from supervisor.core.log_text import (
+    journal_line,
+    journal_stream_matches,
+    priority,
+    raw_server_line,
+)
 from supervisor.core.redact import Redactor
 
 # Every event, and every state or incident file, passes through this: the secrets `run` knows
@@ -86,7 +95,9 @@ def _level_filter(minimum: int) -> Processor:
     return keep
 
 
-_format: str | None = None  # as configured: "json" | "console"; None: not yet
+FORMATS = ("auto", "console", "json", "journal")
+SERVER_OUTPUTS = ("json", "raw")
+_format: str | None = None  # as configured: "json" | "console" | "journal"; None: not yet
 
 
 def configured_format() -> str | None:
@@ -94,21 +105,81 @@ def configured_format() -> str | None:
     return _format
 
 
-def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
-    """Route every log event to `stream` (stderr) as console key-values or JSON lines.
+def is_structured() -> bool:
+    """Every line is an event (JSON or the journal's): no plain text may go to stderr."""
+    return _format in ("json", "journal")
 
-    "auto" renders for a human when the stream is a TTY and as JSON otherwise.
+
+def stream_is_journal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """True when `stream` is connected to the journal: JOURNAL_STREAM names its device and
+    inode (systemd.exec(5)); a stream redirected elsewhere by the service does not match."""
+    env = os.environ if environ is None else environ
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False  # no descriptor (a StringIO), or a closed one
+    return journal_stream_matches(env.get("JOURNAL_STREAM"), st.st_dev, st.st_ino)
+
+
+def resolve_format(fmt: str, stream: TextIO, environ: Mapping[str, str] | None = None) -> str:
+    """The format `fmt` means on `stream`: "auto" is console on a terminal, journal when the
+    stream is the journal, JSON otherwise."""
+    if fmt != "auto":
+        return fmt
+    if stream.isatty():
+        return "console"
+    return "journal" if stream_is_journal(stream, environ) else "json"
+
+
+def _console_view(event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """On a terminal the pre-flight's table is printed where it matters (a refusal): its event
+    shows the verdict, the sizes and what failed, not the whole schema."""
+    if event.get("event") != "preflight_report":
+        return event
+    kept = ("event", "level", "timestamp", "verdict", "host_required_bytes", "host_budget_bytes")
+    view = {k: event[k] for k in kept if k in event}
+    checks = event.get("checks") or []
+    view["failed"] = [c.get("name") for c in checks if c.get("status") == "fail"]
+    return view
+
+
+def _renderer(fmt: str, out: TextIO, server_output: str) -> Processor:
+    """The last processor: the event as one line (the journal's may carry a traceback below)."""
+    journal = stream_is_journal(out)
+    json_render = structlog.processors.JSONRenderer()
+    console = structlog.dev.ConsoleRenderer(colors=out.isatty())
+
+    def render(logger: Any, method: str, event: MutableMapping[str, Any]) -> Any:
+        if server_output == "raw" and event.get("event") == "server_output":
+            return raw_server_line(str(event.get("line", "")))
+        if fmt == "journal":
+            return journal_line(event)
+        if fmt == "console":
+            # A copy: ConsoleRenderer pops keys, and a sink may still hold this event.
+            return console(logger, method, dict(_console_view(event)))
+        line = str(json_render(logger, method, event))
+        # JSON lines into the journal: journald takes the priority and strips the prefix, so
+        # `journalctl -o cat | jq` still reads pure JSON and `-p err` finds the errors.
+        return f"<{priority(str(event.get('level', method)))}>{line}" if journal else line
+
+    return render
+
+
+def configure_logging(
+    fmt: str = "auto",
+    level: str = "info",
+    stream: TextIO | None = None,
+    *,
+    server_output: str = "json",
+) -> None:
+    """Route every log event to `stream` (stderr) as console key-values, JSON lines or journal
+    lines (resolve_format). `server_output` "raw" writes SGLang's lines as they came, prefixed;
+    they are events all the same, so the sinks see them.
     """
     global _format
     out = stream or sys.stderr
-    if fmt == "auto":
-        fmt = "console" if out.isatty() else "json"
+    fmt = resolve_format(fmt, out)
     _format = fmt
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=out.isatty())
-        if fmt == "console"
-        else structlog.processors.JSONRenderer()
-    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -118,7 +189,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
             _scrub_event,
             _tap,
             _level_filter(_LEVELS[level.lower()]),
-            renderer,
+            _renderer(fmt, out, server_output),
         ],
         # Every level reaches the processors (the tap); _level_filter drops what is not shown.
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),

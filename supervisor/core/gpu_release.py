@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from supervisor.core.readings import GpuState
+from supervisor.core.units import format_bytes
 
 
 class GpuCondition(Enum):
@@ -65,10 +66,11 @@ class GpuCheck:
         return self.condition is GpuCondition.CLEAN
 
     def describe(self) -> str:
-        """One human line: GPU, condition and the PIDs or bytes behind it."""
+        """One human line: GPU, condition and the PIDs or memory behind it (sizes with units)."""
         parts = [f"GPU {self.index}: {self.condition.value}"]
         if self.used_bytes is not None:
-            parts.append(f"used {self.used_bytes} B (baseline {self.baseline_bytes} B)")
+            used, baseline = format_bytes(self.used_bytes), format_bytes(self.baseline_bytes)
+            parts.append(f"used {used} (baseline {baseline})")
         for label, pids in (
             ("live pids", self.live_ours),
             ("D-state pids", self.d_state),
@@ -78,6 +80,21 @@ class GpuCheck:
             if pids:
                 parts.append(f"{label} {', '.join(map(str, pids))}")
         return "; ".join(parts)
+
+    def to_json(self) -> dict[str, object]:
+        """The same for programs: the bytes as integers, the line as `detail`."""
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "condition": self.condition.value,
+            "used_bytes": self.used_bytes,
+            "baseline_bytes": self.baseline_bytes,
+            "live_pids": list(self.live_ours),
+            "d_state_pids": list(self.d_state),
+            "exited_pids": list(self.gone_ours),
+            "foreign_pids": list(self.foreign),
+            "detail": self.describe(),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -193,3 +193,12 @@ def test_describe_names_the_pids_and_bytes():
     assert "D-state pids 9" in text
     assert "foreign pids 4" in text
     assert "used 3 B" in text
+
+
+def test_sizes_read_with_units_for_humans_and_stay_integers_for_programs():
+    held = check(GpuCondition.RELEASING, used_bytes=136_517_718_638, baseline_bytes=512 * 1024**2)
+    assert "used 127.1 GiB (baseline 512.0 MiB)" in held.describe()
+    data = held.to_json()
+    assert (data["used_bytes"], data["baseline_bytes"]) == (136_517_718_638, 512 * 1024**2)
+    assert data["condition"] == "releasing"
+    assert data["detail"] == held.describe()
