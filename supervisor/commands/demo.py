@@ -1,10 +1,11 @@
 """`sglang-supervisor demo`: the whole story on the built-in simulation, no GPU needed.
 
-The seed box, simulated: Kimi-K2.5 on 8 × RTX PRO 6000 (96 GB) with 449 GB of RAM. The
-pre-flight refuses `--hicache-size 300` (per rank, so 2.4 TB) and names the safe size; the
-supervisor launches the simulated SGLang server with it; one rank starts leaking; the watchdog kills the whole group before the limit; the GPUs are waited
-for (one stays stuck and gets the simulated `nvidia-smi --gpu-reset`); the server comes back
-with a smaller cache. Real memory stays tiny: 64 KiB stand for a simulated GB.
+The seed box, simulated: Kimi-K2.5 on 8 × RTX PRO 6000 (96 GB) with 449 GB of RAM. The pre-flight
+refuses `--hicache-size 300` (per rank, so 2.4 TB) and names the safe size; the supervisor
+launches the simulated SGLang server with it; one rank starts leaking; the watchdog kills the
+whole group before the limit; the GPUs are waited for (one stays stuck and gets the simulated
+`nvidia-smi --gpu-reset`); the server comes back with a smaller cache. Real memory stays tiny: 64
+KiB stand for a simulated GB.
 
 How the simulation is watched (documented in the README): the ranks' host pools and the leak are
 shared memory (RssShmem), scaled up by the same factor; the simulated MemAvailable is the box's
@@ -22,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,61 +54,15 @@ STUCK_GPU = 3
 LEAK_RANK = 5
 LEAK_GB_PER_S = 8.0
 
-# configs/models/kimi-k2.5/config.json (a test keeps the two equal): the geometry the pre-flight
-# and the simulated server read; the checkpoint itself is not needed.
-KIMI_K2_5: dict[str, Any] = {
-    "architectures": ["KimiK25ForConditionalGeneration"],
-    "model_type": "kimi_k25",
-    "torch_dtype": "bfloat16",
-    "text_config": {
-        "architectures": ["DeepseekV3ForCausalLM"],
-        "model_type": "kimi_k2",
-        "hidden_size": 7168,
-        "intermediate_size": 18432,
-        "moe_intermediate_size": 2048,
-        "num_hidden_layers": 61,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 64,
-        "q_lora_rank": 1536,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64,
-        "v_head_dim": 128,
-        "n_routed_experts": 384,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 8,
-        "first_k_dense_replace": 1,
-        "num_nextn_predict_layers": 0,
-        "vocab_size": 163840,
-        "max_position_embeddings": 262144,
-        "torch_dtype": "bfloat16",
-        "quantization_config": {
-            "quant_method": "compressed-tensors",
-            "format": "pack-quantized",
-            "config_groups": {
-                "group_0": {
-                    "weights": {"num_bits": 4, "type": "int", "group_size": 32, "symmetric": True},
-                    "targets": ["Linear"],
-                }
-            },
-            "ignore": [
-                "lm_head",
-                "re:.*self_attn.*",
-                "re:.*shared_experts.*",
-                "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
-            ],
-        },
-    },
-    "vision_config": {
-        "model_type": "moonvit",
-        "hidden_size": 1152,
-        "intermediate_size": 4304,
-        "num_hidden_layers": 27,
-        "num_attention_heads": 16,
-        "patch_size": 14,
-        "merge_kernel_size": [2, 2],
-    },
-}
+# configs/models/kimi-k2.5/config.json, shipped in the package beside this module (a test keeps
+# the two equal): the geometry the pre-flight and the simulated server read; no checkpoint needed.
+KIMI_K2_5_CONFIG = "demo_kimi_k2_5.json"
+
+
+def kimi_k2_5() -> dict[str, Any]:
+    text = resources.files("supervisor.commands").joinpath(KIMI_K2_5_CONFIG).read_text()
+    config: dict[str, Any] = json.loads(text)
+    return config
 
 
 def scale_tree(tree: tuple[ProcessInfo, ...]) -> tuple[ProcessInfo, ...]:
@@ -294,7 +250,7 @@ def _prepare(workdir: Path) -> tuple[RunSettings, Path]:
 
     model_dir = workdir / "model"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(KIMI_K2_5))
+    (model_dir / "config.json").write_text(json.dumps(kimi_k2_5()))
     gpus_dir = workdir / "gpus"
     gpu_state.create_gpus(
         gpus_dir, GPUS, total_bytes=GPU_TOTAL_BYTES, numa_nodes=2, name="NVIDIA RTX PRO 6000"

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_demo_model_is_the_shipped_kimi_k2_5_config() -> None:
     shipped = json.loads((ROOT / "configs" / "models" / "kimi-k2.5" / "config.json").read_text())
-    assert shipped == demo.KIMI_K2_5
+    assert shipped == demo.kimi_k2_5()
 
 
 def test_the_demo_box_is_the_seed_box_of_the_example_config(tmp_path: Path) -> None:
