@@ -18,6 +18,7 @@ import psutil
 import pytest
 import structlog
 
+from supervisor import log as sup_log
 from supervisor.testing import gpu_state, shm
 from tests.testing.support import (
     MARKER_ENV,
@@ -78,10 +79,13 @@ def _describe(proc: psutil.Process) -> str:
 @pytest.fixture(autouse=True)
 def _structlog_as_it_was() -> Iterator[None]:
     """A CLI call in-process configures logging onto this test's captured stderr, which pytest
-    closes afterwards: every later log call would fail. Put the configuration back."""
+    closes afterwards: every later log call would fail. Put the configuration back, with the
+    format errors are reported in and the event tap's sinks."""
     saved = structlog.get_config()
+    saved_format, saved_sinks = sup_log._format, sup_log._sinks
     yield
     structlog.configure(**saved)
+    sup_log._format, sup_log._sinks = saved_format, saved_sinks
 
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,13 @@ class LogMark(str, Enum):
     """What a line says about the server, when it says anything."""
 
     MEMORY_BASELINE = "memory_baseline"  # pre-load GPU baseline taken
+    WEIGHTS_LOAD_BEGIN = "weights_load_begin"
     WEIGHTS_LOADED = "weights_loaded"
     KV_CACHE_ALLOCATED = "kv_cache_allocated"
     HOST_POOL_ALLOCATED = "host_pool_allocated"
     HICACHE_AUTO_SIZED = "hicache_auto_sized"
+    GRAPH_CAPTURE_BEGIN = "graph_capture_begin"  # "Capture target decode CUDA graph begin."
+    GRAPH_CAPTURE_END = "graph_capture_end"
     READY = "ready"  # warm-up passed
     # Failures
     HOST_MEMORY_REFUSED = "host_memory_refused"  # SGLang's own host-memory check (§1.6)
@@ -44,10 +47,13 @@ CRASH_MARKS = frozenset(
 LOAD_MARKS = frozenset(
     {
         LogMark.MEMORY_BASELINE,
+        LogMark.WEIGHTS_LOAD_BEGIN,
         LogMark.WEIGHTS_LOADED,
         LogMark.KV_CACHE_ALLOCATED,
         LogMark.HOST_POOL_ALLOCATED,
         LogMark.HICACHE_AUTO_SIZED,
+        LogMark.GRAPH_CAPTURE_BEGIN,
+        LogMark.GRAPH_CAPTURE_END,
         LogMark.READY,
     }
 )
@@ -66,6 +72,7 @@ class Phrase:
 # Checked in order; the first match wins.
 PHRASES: tuple[Phrase, ...] = (
     Phrase("memory baseline taken", LogMark.MEMORY_BASELINE),
+    Phrase("load weight begin", LogMark.WEIGHTS_LOAD_BEGIN),
     Phrase("load weight end", LogMark.WEIGHTS_LOADED),
     Phrase("kv cache is allocated", LogMark.KV_CACHE_ALLOCATED),
     Phrase("hicache auto-sizing: ratio", LogMark.HICACHE_AUTO_SIZED),
@@ -93,6 +100,9 @@ _SUBPROCESS_CRASH = re.compile(r"subprocess \S+ \(pid=\d+\) crashed with exit co
 # argparse: "launch_server.py: error: unrecognized arguments: --foo" / "error: argument --tp-size"
 _ARGPARSE = re.compile(r"(^usage: )|(: error: (unrecognized arguments|argument |the following))")
 _EXIT_CODE = re.compile(r"exit code:? *(-?\d+)", re.IGNORECASE)
+# model_runner_components/cuda_graph_setup.py: "Capture {role} {decode|verify|prefill} CUDA graph
+# begin. backend=…" and "… end. elapsed=…"; the speculative workers' draft graphs alike.
+_GRAPH_CAPTURE = re.compile(r"\bcapture [\w -]*?graph (begin|end)\.", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +124,9 @@ def read_mark(line: str) -> MarkedLine | None:
         if phrase.text in lowered:
             code = _exit_code(line) if phrase.mark is LogMark.RANK_DIED_AT_INIT else None
             return MarkedLine(phrase.mark, code)
+    if graph := _GRAPH_CAPTURE.search(line):
+        begins = graph.group(1).lower() == "begin"
+        return MarkedLine(LogMark.GRAPH_CAPTURE_BEGIN if begins else LogMark.GRAPH_CAPTURE_END)
     return None
 
 

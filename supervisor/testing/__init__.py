@@ -82,6 +82,8 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
     log_lines              []    lines the main process prints after its server_args line, with
                                  $NAME expanded from its environment: what a library's debug
                                  output may reveal (a token, an Authorization header)
+    weight_shards          8     checkpoint files "loaded" over startup_s: the first rank of node 0
+                                 draws SGLang's shard meter (tqdm, "\r" redraws; progress_bar.py)
 
 Processes (SGLang 0.5.23; supervisor/testing/topology.py): the main process (title unchanged)
 serves HTTP; every child is a multiprocessing "spawn" child; nobody calls setsid, so all share
@@ -183,6 +185,9 @@ Log lines (stderr, one flush per line; SGLang's "[YYYY-mm-dd HH:MM:SS{prefix}] .
     server_args={'model_path': ..., 'tp_size': ..., ..., 'api_key': ...}   (in clear, as SGLang)
     Launch DP{d} starting at GPU #{offset}.                (plain DP, the controller)
     Load weight begin. avail mem=X.XX GB                   (per rank; GB = 2**30)
+    \rLoading safetensors checkpoint shards:  50% Completed | 4/8 [00:00<00:00,  9.91it/s]
+                                                           (rank 0 of node 0: tqdm redraws,
+                                                           "\n" at the end; none when 0 shards)
     Load weight end. elapsed=X.XX s, type=Arch, [quant=..., ]avail mem=X.XX GB, mem usage=Y.YY GB.
     KV Cache is allocated. dtype: torch.bfloat16, #tokens: N, K size: X.XX GB, V size: Y.YY GB
     KV Cache is allocated. dtype: ..., #tokens: N, KV size: X.XX GB      (MLA, DSA)

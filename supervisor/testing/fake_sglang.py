@@ -89,6 +89,7 @@ class Launcher:
                 gpu_total_bytes=s.gpu_total_bytes,
                 memory=s.memory,
                 broadcasts=self._broadcasts(i, place),
+                draws_shard_bar=i == 0 and self.plan.node_rank == 0,
             )
             for i, place in enumerate(self.procs.ranks)
         ]

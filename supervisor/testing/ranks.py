@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from supervisor.testing import gpu_state, memlog, shm
+from supervisor.testing.progress_bar import load_shards
 from supervisor.testing.scenario import Scenario
 
 PAGE_BYTES = mmap.PAGESIZE
@@ -50,6 +51,7 @@ class RankSpec:
     # One per broadcaster group this rank writes: its ring buffer's real size in /dev/shm, or
     # None when no reader shares the node (then only the transient nodecheck segment).
     broadcasts: tuple[int | None, ...] = ()
+    draws_shard_bar: bool = False  # the first rank of node 0 (SGLang's global rank 0)
 
 
 def log(prefix: str, message: str) -> None:
@@ -169,7 +171,10 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     if scenario.exit_code_on_start is not None and spec.rank == 0:
         _wait(conn, scenario.startup_s / 2)
         os._exit(scenario.exit_code_on_start)  # dies outside Python's handlers (no SIGQUIT)
-    _wait(conn, scenario.startup_s)
+    if spec.draws_shard_bar:  # torch.distributed rank 0 (weight_utils.py enable_tqdm)
+        load_shards(scenario.weight_shards, scenario.startup_s, lambda s: _wait(conn, s))
+    else:
+        _wait(conn, scenario.startup_s)
     gpu.hold(plan.weights_bytes)
     log(p, memlog.load_end(plan, time.monotonic() - began, gpu.free()))
     runtime = touch_memory(spec.runtime_real_bytes, shared=False)

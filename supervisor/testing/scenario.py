@@ -81,6 +81,7 @@ class Scenario:
     shm_segments: int | None = None  # None: SGLang's broadcasters; N: rank 0 makes N, others 0
     shm_sweep: bool = False  # stale_shm_cleanup's sweep before anything starts
     log_lines: tuple[str, ...] = field(default_factory=tuple)  # printed at start, $VARs expanded
+    weight_shards: int = 8  # checkpoint files rank 0's meter counts over startup_s
 
 
 _NUMBER = (int, float)

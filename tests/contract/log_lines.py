@@ -39,6 +39,11 @@ LINES: tuple[Line, ...] = (
         since="0.5.21",
     ),
     Line(
+        LogMark.WEIGHTS_LOAD_BEGIN,
+        "Load weight begin. avail mem=93.56 GB",
+        "Load weight begin",
+    ),
+    Line(
         LogMark.WEIGHTS_LOADED,
         "Load weight end. elapsed=81.20 s, type=KimiK25ForConditionalGeneration, "
         "avail mem=19.73 GB, mem usage=72.04 GB.",
@@ -67,6 +72,20 @@ LINES: tuple[Line, ...] = (
         "(fraction 0.80, 8 ranks on this host), host pools 31.6 GiB.",
         "HiCache auto-sizing",
         since="0.5.21",
+    ),
+    Line(
+        LogMark.GRAPH_CAPTURE_BEGIN,
+        "Capture target prefill CUDA graph begin. backend=fa3, num_tokens=[512, 1024, 2048], "
+        "avail mem=19.21 GB",
+        "Capture {capture_name}",
+        keys="Capture graph begin",
+    ),
+    Line(
+        LogMark.GRAPH_CAPTURE_END,
+        "Capture target prefill CUDA graph end. elapsed=12.84 s, mem usage=0.97 GB, "
+        "avail mem=18.24 GB.",
+        "Capture {capture_name}",
+        keys="Capture graph end",
     ),
     Line(LogMark.READY, "The server is fired up and ready to roll!", "fired up"),
     Line(
