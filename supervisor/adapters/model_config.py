@@ -219,12 +219,15 @@ def load_model_config(
         if config_file.is_dir():
             config_file = config_file / "config.json"
         if not config_file.exists():
-            raise ConfigError(f"model config override {config_file} does not exist")
+            raise ConfigError(
+                f"model config override {config_file} does not exist ([server] model_config "
+                "or --model-config)"
+            )
     elif model_dir is None:
         raise ConfigError(
             f"model path {model_path!r} is neither a local directory nor in the local Hugging "
-            "Face cache (the pre-flight never downloads); download it first or give "
-            "--model-config PATH"
+            "Face cache (the pre-flight never downloads); download it first, or give its "
+            "config.json as --model-config PATH or [server] model_config in the config file"
         )
     else:
         config_file = model_dir / "config.json"

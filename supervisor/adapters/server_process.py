@@ -3,24 +3,24 @@
 Containment (docs/peers.md, killing a tree): `start_new_session` gives the tree one process
 group; the supervisor is a child subreaper so escapees are reparented to it; the server asks for
 SIGKILL when the supervisor dies (PR_SET_PDEATHSIG) and gets a raised oom_score_adj, inherited by
-its children. Implements core.ports.LaunchedServer and ServerLauncher.
+its children, and may run as another user (adapters/credentials.py). Its output goes through
+adapters/output_pump.py. Implements core.ports.LaunchedServer and ServerLauncher.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import os
-import queue
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO
 
 from supervisor.adapters.cgroup import ServerCgroup
+from supervisor.adapters.credentials import Credentials
+from supervisor.adapters.output_pump import OutputPump
 from supervisor.adapters.processes import disown_child, own_child, spawning
 from supervisor.adapters.procfs import ProcReader
 from supervisor.adapters.reclaim import process_mrelease
@@ -44,7 +44,10 @@ def become_subreaper() -> bool:
 
 
 def _child_setup(
-    parent_pid: int, oom_score_adj: int | None, cgroup_files: Sequence[str] = ()
+    parent_pid: int,
+    oom_score_adj: int | None,
+    cgroup_files: Sequence[str] = (),
+    credentials: Credentials | None = None,
 ) -> Callable[[], None]:
     def setup() -> None:
         # Runs in the forked child before exec: only async-signal-safe-ish work, no logging.
@@ -58,68 +61,10 @@ def _child_setup(
         if oom_score_adj is not None:
             with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(oom_score_adj))
+        if credentials is not None:  # last: joining the cgroup needs root
+            credentials.apply(parent_pid)
 
     return setup
-
-
-class OutputPump:
-    """Reads the server's merged stdout/stderr line by line and never blocks the server.
-
-    The reader thread only reads, counts, redacts and keeps the tail; lines go to `sink` through a
-    bounded queue drained by a second thread, so a slow log consumer (journald) drops lines
-    (counted) instead of filling the pipe and stalling SGLang.
-    """
-
-    def __init__(
-        self,
-        stream: IO[bytes],
-        sink: Callable[[str], None],
-        redact: Callable[[str], str],
-        tail_lines: int = 200,
-        queue_lines: int = 10_000,
-    ) -> None:
-        self._stream = stream
-        self._sink = sink
-        self._redact = redact
-        self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        self._queue: queue.Queue[str | None] = queue.Queue(maxsize=queue_lines)
-        self._lock = threading.Lock()
-        self.lines = 0
-        self.dropped = 0
-        self._reader = threading.Thread(target=self._read, name="server-output", daemon=True)
-        self._writer = threading.Thread(target=self._write, name="server-log", daemon=True)
-
-    def start(self) -> None:
-        self._reader.start()
-        self._writer.start()
-
-    def _read(self) -> None:
-        try:
-            for raw in iter(self._stream.readline, b""):
-                line = self._redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
-                with self._lock:
-                    self._tail.append(line)
-                    self.lines += 1
-                try:
-                    self._queue.put_nowait(line)
-                except queue.Full:
-                    self.dropped += 1
-        finally:
-            self._stream.close()
-            self._queue.put(None)
-
-    def _write(self) -> None:
-        while (line := self._queue.get()) is not None:
-            self._sink(line)
-
-    def tail(self) -> tuple[str, ...]:
-        with self._lock:
-            return tuple(self._tail)
-
-    def join(self, timeout_s: float) -> None:
-        """Wait for the output to be drained (the pipe closes when the last writer exits)."""
-        self._reader.join(timeout_s)
-        self._writer.join(timeout_s)
 
 
 class ServerProcess:
@@ -171,6 +116,7 @@ class ServerProcess:
         tail_lines: int = 200,
         proc: ProcReader | None = None,
         cgroup: ServerCgroup | None = None,
+        credentials: Credentials | None = None,
     ) -> ServerProcess:
         """Launch `argv` (inside `cgroup` when given). Call from the main thread: PDEATHSIG
         fires when the creating *thread* exits, not the process.
@@ -182,13 +128,13 @@ class ServerProcess:
         with spawning():  # its exit status classifies the death: never the orphan reaper's
             popen = subprocess.Popen(
                 list(argv),
-                env=dict(env),
+                env=credentials.environment(env) if credentials is not None else dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_child_setup(os.getpid(), oom_score_adj, files),
+                preexec_fn=_child_setup(os.getpid(), oom_score_adj, files, credentials),
             )
             own_child(popen)
         assert popen.stdout is not None  # stdout=PIPE
@@ -370,9 +316,15 @@ class ServerProcess:
 class SubprocessLauncher:
     """Implements core.ports.ServerLauncher: ServerProcess.start with this host's /proc."""
 
-    def __init__(self, proc: ProcReader | None = None, cgroup: ServerCgroup | None = None) -> None:
+    def __init__(
+        self,
+        proc: ProcReader | None = None,
+        cgroup: ServerCgroup | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.proc = proc or ProcReader()
         self.cgroup = cgroup
+        self.credentials = credentials  # who the server runs as; None: as the supervisor
 
     def start(
         self,
@@ -395,4 +347,5 @@ class SubprocessLauncher:
             tail_lines=tail_lines,
             proc=self.proc,
             cgroup=self.cgroup,
+            credentials=self.credentials,
         )

@@ -1,5 +1,5 @@
 """What follows a failure: which failures end the run, the restart budget (capped exponential
-delay, reset after a stable run) and crash-loop detection.
+delay, reset after a stable run), crash-loop detection, and a start failure that repeats.
 
 Pure: times are passed in. Defaults follow peers (docs/peers.md: GPUStack waits 10 s doubling to
 300 s, RBG forgets failures after 10 min stable); `max_restarts` within `restart_window_s`
@@ -25,6 +25,9 @@ class RunEnd(str, Enum):
     STARTUP_FAILED = "startup_failed"  # loaded, with progress, for the whole startup_timeout
     CRASH_LOOP = "crash_loop"  # too many restarts within the window
     BAD_CONFIG = "bad_config"  # the supervisor's own setting is wrong (e.g. its health path)
+    # The same failure twice in a row before the server was ever ready: a missing module, a rank
+    # dying in its first init. The same launch fails the same way again.
+    START_REPEATED = "start_repeated"
 
 
 _TERMINAL: dict[FailureKind, RunEnd] = {
@@ -34,6 +37,11 @@ _TERMINAL: dict[FailureKind, RunEnd] = {
     # A load that progressed for the whole hard limit would take as long again.
     FailureKind.STARTUP_TIMEOUT: RunEnd.STARTUP_FAILED,
 }
+
+
+# Not a property of the launch: host memory depends on what else runs on the host, and after a
+# memory kill restart-smaller launches with a smaller --hicache-size.
+_NOT_DETERMINISTIC = frozenset({FailureKind.MEMORY_KILL, FailureKind.KERNEL_OOM_KILLED})
 
 
 def terminal_end(kind: FailureKind) -> RunEnd | None:
@@ -80,6 +88,13 @@ class RestartBudget:
     restart_times_s: tuple[float, ...] = ()
     streak: int = 0  # failures since the last stable run
     total_restarts: int = 0
+    ever_ready: bool = False  # the server was ready at least once under this budget
+    last_kind: FailureKind | None = None  # the kind of the previous failure
+
+    def restarts_in_window(self, now_s: float) -> int:
+        """Restarts within the window ending at `now_s`."""
+        window_start = now_s - self.policy.restart_window_s
+        return sum(1 for t in self.restart_times_s if t > window_start)
 
     def on_failure(self, now_s: float) -> tuple[RestartBudget, RestartDecision]:
         """Record a failure at `now_s`; decide the delay or a crash loop."""
@@ -109,21 +124,38 @@ class RestartBudget:
 
     def on_healthy(self, healthy_since_s: float, now_s: float) -> RestartBudget:
         """Forget the failure streak once the server has been healthy for `stable_after_s`."""
-        if self.streak and now_s - healthy_since_s >= self.policy.stable_after_s:
-            return replace(self, streak=0)
-        return self
+        budget = self if self.ever_ready else replace(self, ever_ready=True)
+        if budget.streak and now_s - healthy_since_s >= budget.policy.stable_after_s:
+            return replace(budget, streak=0)
+        return budget
+
+    def repeats_start_failure(self, kind: FailureKind, was_ready: bool) -> bool:
+        """Whether `kind` fails a start the way the previous launch failed, with no ready
+        server in between: relaunching the same argv would fail the same way again."""
+        return (
+            not (was_ready or self.ever_ready)
+            and kind is self.last_kind
+            and kind not in _NOT_DETERMINISTIC
+        )
 
 
 def decide_after_failure(
-    budget: RestartBudget, kind: FailureKind, now_s: float
+    budget: RestartBudget, kind: FailureKind, now_s: float, *, was_ready: bool = False
 ) -> tuple[RestartBudget, RestartDecision]:
-    """The next budget and what to do: end the run (a terminal kind, or a crash loop) or wait.
+    """The next budget and what to do: end the run (a terminal kind, the same start failure
+    twice before the server was ever ready, or a crash loop) or wait.
 
-    A terminal failure is not counted against the budget: the run ends either way.
+    A failure that ends the run is not counted against the budget: the run ends either way.
     """
     end = terminal_end(kind)
+    if end is None and budget.repeats_start_failure(kind, was_ready):
+        end = RunEnd.START_REPEATED
     if end is not None:
         return budget, RestartDecision(
-            end=end, delay_s=0.0, attempt=budget.streak + 1, restarts_in_window=0
+            end=end,
+            delay_s=0.0,
+            attempt=budget.streak + 1,
+            restarts_in_window=budget.restarts_in_window(now_s),
         )
-    return budget.on_failure(now_s)
+    seen = replace(budget, ever_ready=budget.ever_ready or was_ready, last_kind=kind)
+    return seen.on_failure(now_s)

@@ -1,6 +1,7 @@
 """A clock for the run loop's blocking waits (leftover cleanup, GPU release, backoff): each wait
-keeps systemd's watchdog fed, ends early with StopRequested when a stop signal is queued, and
-answers the other signals (HUP, USR1) without ending.
+keeps systemd's watchdog fed, extends its start timeout while the unit is starting, ends early
+with StopRequested when a stop signal is queued, and answers the other signals (HUP, USR1)
+without ending.
 
 The queue itself is core.ports.EventQueue (adapters/events.py in production).
 """
@@ -9,11 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from supervisor.config import GpuConfig
 from supervisor.core.events import Event, SignalEvent, WakeEvent
 from supervisor.core.ports import Clock, EventQueue
 
 # Wake at least this often: a 300 s backoff must still feed WatchdogSec=60.
 _MAX_SLICE_S = 1.0
+# An extension covers the rest of the wait plus the longest step between two ticks that is not
+# a wait (a GPU reset command, an NVML query: both bounded by their own timeouts) plus this.
+EXTEND_SLACK_S = 30.0
+
+
+def extension_margin_s(gpu: GpuConfig) -> float:
+    """How far past a wait's end EXTEND_TIMEOUT_USEC reaches: the blocking steps between two
+    ticks (a GPU reset, an NVML query) must fit before systemd's start timeout ends."""
+    return gpu.reset_timeout_s + gpu.nvml_timeout_s + EXTEND_SLACK_S
 
 
 class StopRequested(Exception):
@@ -26,19 +37,30 @@ class StopRequested(Exception):
 
 class EventClock:
     """A Clock whose sleeps drain the event queue: a stop signal raises StopRequested, other
-    events are kept in `held` (a dead server's watchdog events are dropped by the caller)."""
+    events are kept in `held` (a dead server's watchdog events are dropped by the caller).
+
+    `extend(seconds)` is called at every tick of a wait with the time it still needs: systemd's
+    EXTEND_TIMEOUT_USEC (the notifier sends it only while the unit is starting, at most once a
+    second), so cleanup, GPU release and backoff before the first READY=1 never outlast
+    TimeoutStartSec.
+    """
 
     def __init__(
         self,
         clock: Clock,
         events: EventQueue,
         on_tick: Callable[[], None] = lambda: None,
-        on_signal: Callable[[SignalEvent], None] = lambda _event: None,
+        on_signal: Callable[[SignalEvent], object] = lambda _event: None,
+        *,
+        extend: Callable[[float], object] = lambda _seconds: None,
+        extend_margin_s: float = EXTEND_SLACK_S,
     ) -> None:
         self._clock = clock
         self._events = events
         self._on_tick = on_tick
         self._on_signal = on_signal
+        self._extend = extend
+        self._extend_margin_s = extend_margin_s
         self.held: list[Event] = []
 
     def monotonic(self) -> float:
@@ -57,6 +79,7 @@ class EventClock:
         while True:
             self._on_tick()
             left = deadline - self._clock.monotonic()
+            self._extend(max(0.0, left) + self._extend_margin_s)
             if left <= 0:
                 return
             event = self._events.get(min(left, _MAX_SLICE_S))

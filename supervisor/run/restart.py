@@ -1,5 +1,11 @@
 """After a death: file it in the state file, then relaunch after a delay or end the run with
-the error (and exit code) its kind calls for."""
+the error (and exit code) its kind calls for.
+
+The restart budget's window lives in the state file, so a supervisor that systemd starts again
+after a crash loop goes on with it instead of starting fresh. The core counts on the monotonic
+clock, which does not survive a restart: the times are stored as wall-clock epoch seconds and
+converted here, at the edge.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,13 @@ import dataclasses
 
 import structlog
 
-from supervisor.core.backoff import RestartBudget, RestartDecision, RunEnd, decide_after_failure
+from supervisor.core.backoff import (
+    BackoffPolicy,
+    RestartBudget,
+    RestartDecision,
+    RunEnd,
+    decide_after_failure,
+)
 from supervisor.core.ports import Clock
 from supervisor.errors import (
     ConfigError,
@@ -18,7 +30,7 @@ from supervisor.errors import (
     SupervisorError,
 )
 from supervisor.run.death import DeathReport
-from supervisor.run.state import StateStore
+from supervisor.run.state import RunState, StateStore
 
 log = structlog.get_logger("supervisor.run")
 
@@ -28,7 +40,34 @@ _END_ERRORS: dict[RunEnd, type[SupervisorError]] = {
     RunEnd.STARTUP_FAILED: StartupFailed,
     RunEnd.CRASH_LOOP: CrashLoop,
     RunEnd.BAD_CONFIG: ConfigError,
+    RunEnd.START_REPEATED: StartupFailed,
 }
+
+
+def restore_budget(state: RunState, policy: BackoffPolicy, clock: Clock) -> RestartBudget:
+    """The budget an earlier supervisor of this instance left in the state file.
+
+    A time ahead of the wall clock (it was stepped back since) counts as now: kept for a whole
+    window rather than dropped.
+    """
+    now_wall, now_mono = clock.wall(), clock.monotonic()
+    times = tuple(now_mono - max(0.0, now_wall - t) for t in state.restart_times)
+    budget = RestartBudget(policy, restart_times_s=times, total_restarts=state.restart_count)
+    in_window = budget.restarts_in_window(now_mono)
+    if in_window:
+        log.info(
+            "restart_budget_restored",
+            restarts_in_window=in_window,
+            max_restarts=policy.max_restarts,
+            restart_window_s=policy.restart_window_s,
+        )
+    return budget
+
+
+def restart_times_wall(budget: RestartBudget, clock: Clock) -> tuple[float, ...]:
+    """The budget's restart times as wall-clock epoch seconds, for the state file."""
+    offset = clock.wall() - clock.monotonic()
+    return tuple(round(t + offset, 3) for t in budget.restart_times_s)
 
 
 def decide_restart(
@@ -39,18 +78,22 @@ def decide_restart(
     clock: Clock,
     restart_window_s: float,
 ) -> tuple[RestartBudget, RestartDecision]:
-    """The next budget and the decision, the failure filed in the state file first.
+    """The next budget and the decision, the failure (and the budget's window) filed in the
+    state file first.
 
     Raises:
-        SupervisorError: the run must end (a terminal kind, or a crash loop); its exit code is
-            the kind's.
+        SupervisorError: the run must end (a terminal kind, the same start failure twice, or a
+            crash loop); its exit code is the kind's.
     """
     kind, hint = death.classification
-    budget, decision = decide_after_failure(budget, kind, clock.monotonic())
+    budget, decision = decide_after_failure(
+        budget, kind, clock.monotonic(), was_ready=death.was_ready
+    )
     store.update(
         lambda s: dataclasses.replace(
             s,
             restart_count=budget.total_restarts,
+            restart_times=restart_times_wall(budget, clock),
             last_failure=kind.value,
             last_failure_hint=hint,
             last_failure_at=clock.wall(),
@@ -63,6 +106,8 @@ def decide_restart(
             f"crash loop: {window} restarts within {restart_window_s:g} s, "
             f"last failure {kind.value}: {hint}"
         )
+    if decision.end is RunEnd.START_REPEATED:
+        raise StartupFailed(f"the same failure twice before ready: {kind.value}: {hint}")
     if decision.end is not None:
         raise _END_ERRORS[decision.end](hint)
     return budget, decision

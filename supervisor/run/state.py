@@ -1,8 +1,9 @@
 """The run state file: one JSON document per instance in state_dir, written atomically.
 
-Holds what must survive a restart of the supervisor or the machine: restart count, last failure
-class, PIDs of the current run (to find leftovers), target GPUs, and the watchdog's
-`--hicache-size` override. A corrupt file is kept aside as `.corrupt-<ts>` and a fresh state used.
+Holds what must survive a restart of the supervisor or the machine: restart count and the times
+of the restarts in the budget's window, last failure class, PIDs of the current run (to find
+leftovers), target GPUs, and the watchdog's `--hicache-size` override. A corrupt file is kept
+aside as `.corrupt-<ts>` and a fresh state used.
 Never holds secrets.
 """
 
@@ -56,6 +57,9 @@ class RunState:
     run_id: str = ""
     supervisor_pid: int | None = None
     restart_count: int = 0
+    # When the restarts of the budget's window happened, in seconds since the epoch: a
+    # supervisor started again (by systemd, after a crash loop) goes on with the same budget.
+    restart_times: tuple[float, ...] = ()
     last_failure: str | None = None  # a FailureKind value
     last_failure_hint: str | None = None
     last_failure_at: float | None = None  # seconds since the epoch
@@ -65,6 +69,7 @@ class RunState:
     # kept until `sglang-supervisor reset-state`.
     hicache_size_override_gb: int | None = None
     override_reason: str | None = None
+    override_set_at: float | None = None  # seconds since the epoch ([watchdog] shrink_expires)
     updated_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -84,10 +89,20 @@ class RunState:
             for p in values.get("server_pids", ())
         )
         values["gpu_indices"] = tuple(int(i) for i in values.get("gpu_indices", ()))
+        values["restart_times"] = tuple(_epoch_s(t) for t in values.get("restart_times", ()))
         override = values.get("hicache_size_override_gb")
         if override is not None and (not isinstance(override, int) or override < 0):
             raise ValueError(f"hicache_size_override_gb {override!r} is not a size in GB")
+        set_at = values.get("override_set_at")
+        if set_at is not None and (isinstance(set_at, bool) or not isinstance(set_at, int | float)):
+            raise ValueError(f"override_set_at {set_at!r} is not seconds since the epoch")
         return cls(**values)
+
+
+def _epoch_s(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"restart time {value!r} is not seconds since the epoch")
+    return float(value)
 
 
 def prune(directory: Path, pattern: str, keep: int) -> list[Path]:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from supervisor.adapters.cgroup import CgroupError, InstanceCgroups, ServerCgroup, discover
+from supervisor.adapters.output_pump import OutputPump
 from supervisor.adapters.procfs import RUN_ENV
-from supervisor.adapters.server_process import OutputPump, ServerProcess
+from supervisor.adapters.server_process import ServerProcess
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import STOP_REQUESTED, KillReason
 from tests.waiting import wait_until

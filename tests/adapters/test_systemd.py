@@ -1,4 +1,6 @@
-"""sd_notify over a real AF_UNIX datagram socket, path and abstract-namespace addresses."""
+"""sd_notify over a real AF_UNIX datagram socket, path and abstract-namespace addresses; a
+receiver that stopped reading: never a stall, STATUS= dropped and counted, READY=1 and
+STOPPING=1 kept and sent once it reads again."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from supervisor.adapters.systemd import SdNotifier
 
@@ -99,3 +102,108 @@ def test_timeout_extensions_are_sent_at_most_once_a_second(abstract_socket):
         b"EXTEND_TIMEOUT_USEC=90000000",
         b"EXTEND_TIMEOUT_USEC=92000000",
     ]
+
+
+def _fill(address: str) -> int:
+    """Queue datagrams on `address` until the receiver's queue is full (net.unix.max_dgram_qlen:
+    nobody reads); how many went in."""
+    target = b"\0" + address[1:].encode() if address.startswith("@") else address
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler:
+        filler.connect(target)
+        for count in range(100_000):
+            try:
+                filler.send(b"FILLER=1", socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return count
+    raise AssertionError("the receiver's queue never filled")
+
+
+def _drain(sock: socket.socket) -> list[bytes]:
+    sock.setblocking(False)
+    got = []
+    while True:
+        try:
+            got.append(sock.recv(4096))
+        except BlockingIOError:
+            return got
+
+
+def test_a_full_queue_drops_status_but_keeps_ready_pending_until_the_receiver_reads(
+    abstract_socket,
+):
+    sock, address = abstract_socket
+    notifier = SdNotifier({"NOTIFY_SOCKET": address})
+    filled = _fill(address)
+    # Each call returns at once: nothing is sent, nothing waits for the receiver.
+    assert not notifier.status("loading")
+    assert not notifier.watchdog()
+    assert not notifier.ready("ready; restarts 0")
+    assert not notifier.status("ready; restarts 0")
+    assert notifier.dropped == 3
+    assert list(notifier.pending) == ["READY=1\nSTATUS=ready; restarts 0"]
+    assert _drain(sock) == [b"FILLER=1"] * filled
+    # The next call of any kind sends the pending READY=1 first.
+    assert notifier.status("serving")
+    assert not notifier.pending
+    assert _drain(sock) == [b"READY=1\nSTATUS=ready; restarts 0", b"STATUS=serving"]
+    assert notifier.dropped == 3
+
+
+def test_stopping_is_retried_like_ready_and_keeps_its_place_after_it(abstract_socket):
+    sock, address = abstract_socket
+    notifier = SdNotifier({"NOTIFY_SOCKET": address})
+    filled = _fill(address)
+    assert not notifier.ready()
+    assert not notifier.stopping("stopping (run abc)")
+    assert not notifier.watchdog()
+    assert notifier.pending == ("READY=1", "STOPPING=1\nSTATUS=stopping (run abc)")
+    assert len(_drain(sock)) == filled
+    assert notifier.watchdog()
+    assert _drain(sock) == [b"READY=1", b"STOPPING=1\nSTATUS=stopping (run abc)", b"WATCHDOG=1"]
+
+
+def test_timeout_extensions_stop_once_ready_or_stopping_is_asked_for(abstract_socket):
+    sock, address = abstract_socket
+    now = [100.0]
+    notifier = SdNotifier({"NOTIFY_SOCKET": address}, monotonic=lambda: now[0])
+    assert notifier.extend_timeout(60)
+    assert notifier.ready()
+    now[0] += 10
+    assert not notifier.extend_timeout(60)  # the unit is active: it would move nothing useful
+    stopping = SdNotifier({"NOTIFY_SOCKET": address}, monotonic=lambda: now[0])
+    assert stopping.stopping()
+    assert not stopping.extend_timeout(60)  # it would move TimeoutStopSec
+    assert _drain(sock) == [b"EXTEND_TIMEOUT_USEC=60000000", b"READY=1", b"STOPPING=1"]
+    assert notifier.dropped == stopping.dropped == 0
+
+
+def test_drops_are_logged_rarely_and_once_more_at_exit_with_what_systemd_never_got(
+    abstract_socket,
+):
+    _sock, address = abstract_socket
+    now = [100.0]
+    notifier = SdNotifier({"NOTIFY_SOCKET": address}, monotonic=lambda: now[0])
+    _fill(address)
+    with capture_logs() as logs:
+        notifier.status("a")
+        notifier.watchdog()  # the first drop report comes at once
+        notifier.status("b")
+        now[0] += 599
+        notifier.watchdog()  # within 10 minutes of the last report: counted, not logged
+        now[0] += 1
+        notifier.watchdog()
+        notifier.ready()
+        notifier.report_drops(at_exit=True)
+    reports = [e for e in logs if e["event"] == "sd_notify_dropped"]
+    assert [(e["dropped"], e["dropped_since_last"]) for e in reports] == [(2, 2), (5, 3), (5, 0)]
+    assert [e["pending"] for e in reports] == [[], [], ["READY=1"]]
+    assert all(e["log_level"] == "warning" for e in reports)
+
+
+def test_nothing_is_logged_when_nothing_was_dropped(abstract_socket):
+    _sock, address = abstract_socket
+    notifier = SdNotifier({"NOTIFY_SOCKET": address})
+    with capture_logs() as logs:
+        assert notifier.watchdog()
+        notifier.report_drops(at_exit=True)
+    assert logs == []

@@ -28,6 +28,7 @@ def test_reset_state_clears_the_override_and_keeps_the_pids(
         RunState(
             instance="demo",
             restart_count=3,
+            restart_times=(1_800_000_000.0, 1_800_000_060.0),
             last_failure="memory_kill",
             hicache_size_override_gb=30,
             override_reason="memory kill: --hicache-size 40 -> 30 GB",
@@ -41,6 +42,7 @@ def test_reset_state_clears_the_override_and_keeps_the_pids(
     assert after.hicache_size_override_gb is None
     assert after.override_reason is None
     assert after.restart_count == 0
+    assert after.restart_times == ()  # the next supervisor starts with the whole budget
     assert after.last_failure is None
     assert after.server_pids == (ProcessRef(pid=123, start_ticks=5, title="x"),)
 

@@ -1,4 +1,5 @@
-"""Restart budget: 10 s doubling to 300 s, reset after a stable run, crash loop past the limit."""
+"""Restart budget: 10 s doubling to 300 s, reset after a stable run, crash loop past the limit;
+the same start failure twice before the server was ever ready ends the run."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_a_stable_run_resets_the_delay_but_not_before_stable_after():
     for now in (0.0, 1.0, 2.0):
         budget, decision = budget.on_failure(now)
     assert decision.delay_s == 40
-    assert budget.on_healthy(healthy_since_s=10.0, now_s=609.0) is budget
+    assert budget.on_healthy(healthy_since_s=10.0, now_s=609.0).streak == 3
     budget = budget.on_healthy(healthy_since_s=10.0, now_s=610.0)
     budget, decision = budget.on_failure(700.0)
     assert decision.delay_s == 10
@@ -92,7 +93,61 @@ def test_every_other_failure_is_restarted_and_counted(kind):
 
 def test_a_crash_loop_ends_the_run_as_such():
     budget = RestartBudget(BackoffPolicy(max_restarts=1))
-    budget, first = decide_after_failure(budget, FailureKind.RANK_CRASH, 0.0)
+    budget, first = decide_after_failure(budget, FailureKind.RANK_CRASH, 0.0, was_ready=True)
     _, second = decide_after_failure(budget, FailureKind.RANK_CRASH, 1.0)
     assert first.end is None
     assert second.end is RunEnd.CRASH_LOOP
+
+
+def test_the_same_failure_twice_before_ever_ready_ends_the_run_without_spending_the_budget():
+    budget = RestartBudget(BackoffPolicy())
+    budget, first = decide_after_failure(budget, FailureKind.RANK_CRASH, 0.0)
+    after, second = decide_after_failure(budget, FailureKind.RANK_CRASH, 15.0)
+    assert first.end is None
+    assert second.end is RunEnd.START_REPEATED
+    assert second.restarts_in_window == 1
+    assert after is budget
+
+
+def test_different_start_failures_in_a_row_are_restarted():
+    budget = RestartBudget(BackoffPolicy())
+    kinds = (FailureKind.RANK_CRASH, FailureKind.EXITED_UNEXPECTEDLY, FailureKind.RANK_CRASH)
+    for now, kind in enumerate(kinds):
+        budget, decision = decide_after_failure(budget, kind, float(now))
+        assert decision.end is None
+    assert budget.total_restarts == 3
+
+
+@pytest.mark.parametrize("kind", [FailureKind.MEMORY_KILL, FailureKind.KERNEL_OOM_KILLED])
+def test_memory_kills_during_the_load_are_restarted_every_time(kind):
+    """Restart-smaller goes on: each launch after a memory kill is a smaller one."""
+    budget = RestartBudget(BackoffPolicy())
+    for now in (0.0, 20.0, 60.0):
+        budget, decision = decide_after_failure(budget, kind, now)
+        assert decision.end is None
+    # A memory kill in between breaks a run of the same start failure.
+    budget = RestartBudget(BackoffPolicy())
+    for now, failure in enumerate((FailureKind.RANK_CRASH, kind, FailureKind.RANK_CRASH)):
+        budget, decision = decide_after_failure(budget, failure, float(now))
+        assert decision.end is None
+
+
+def test_once_the_server_was_ready_a_repeated_failure_is_only_counted():
+    budget = RestartBudget(BackoffPolicy())
+    budget, _ = decide_after_failure(budget, FailureKind.RANK_CRASH, 0.0, was_ready=True)
+    budget, again = decide_after_failure(budget, FailureKind.RANK_CRASH, 50.0)
+    budget, third = decide_after_failure(budget, FailureKind.RANK_CRASH, 100.0)
+    assert (again.end, third.end) == (None, None)
+    # Ready in between, seen by the loop while it watched (on_healthy), counts the same.
+    budget = RestartBudget(BackoffPolicy())
+    budget, _ = decide_after_failure(budget, FailureKind.RANK_CRASH, 0.0)
+    budget = budget.on_healthy(healthy_since_s=20.0, now_s=21.0)
+    _, decision = decide_after_failure(budget, FailureKind.RANK_CRASH, 30.0)
+    assert decision.end is None
+
+
+def test_restarts_in_window_counts_only_the_window():
+    budget = RestartBudget(BackoffPolicy(restart_window_s=100), restart_times_s=(0.0, 50.0, 90.0))
+    assert budget.restarts_in_window(99.0) == 3
+    assert budget.restarts_in_window(100.0) == 2
+    assert budget.restarts_in_window(200.0) == 0

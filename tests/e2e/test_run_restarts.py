@@ -1,5 +1,6 @@
 """`sglang-supervisor run` end to end: deaths are classified and restarted with backoff, a bad
-flag is never retried (exit 3), a crash loop ends with exit 5."""
+flag is never retried (exit 3), the same start failure twice before ready ends with exit 4, a
+crash loop with exit 5, and the restart budget outlives the supervisor."""
 
 from __future__ import annotations
 
@@ -98,14 +99,13 @@ def test_a_bad_flag_is_never_retried_and_sglangs_message_is_shown(
 
 
 def test_a_crash_loop_backs_off_doubling_then_exits_5(tmp_path, free_port, simulated_process_guard):
-    scenario = {"startup_s": 0.0, "crash": {"rank": 0, "after_s": 0.2, "exit_code": 1}}
+    # Each death comes after ready: dying twice the same way before ready is exit 4 (below).
     with supervisor(
-        tmp_path,
-        free_port,
-        simulated_process_guard,
-        scenario=scenario,
-        options=("--max-restarts", "3"),
+        tmp_path, free_port, simulated_process_guard, options=("--max-restarts", "3")
     ) as sup:
+        for count in range(1, 5):
+            sup.wait_event("ready", count=count)
+            os.kill(sup.schedulers()["sglang::scheduler_TP0"], signal.SIGKILL)
         assert sup.wait_exit(timeout_s=60) == 5
         delays = [e["delay_s"] for e in sup.events("restarting")]
         assert delays == [0.1, 0.2, 0.4]
@@ -147,3 +147,50 @@ def test_the_hard_startup_timeout_ends_the_run_with_exit_4(
         assert sup.events("server_failed")[0]["failure"] == "startup_timeout"
         assert not sup.events("restarting")
         assert sup.tree() == []
+
+
+def test_the_same_start_failure_twice_before_ready_exits_4_without_a_crash_loop(
+    tmp_path, free_port, simulated_process_guard
+):
+    """A deterministic start failure (here rank 0 dies in its first init) is not retried."""
+    with supervisor(
+        tmp_path, free_port, simulated_process_guard, scenario={"exit_code_on_start": 1}
+    ) as sup:
+        assert sup.wait_exit(timeout_s=60) == 4
+        assert len(sup.events("launching")) == 2
+        assert len(sup.events("restarting")) == 1
+        assert not sup.events("ready")
+        fatal = sup.events()[-1]
+        assert (fatal["event"], fatal["exit_code"]) == ("fatal", 4)
+        failure = sup.events("server_failed")[-1]["failure"]
+        assert fatal["reason"].startswith(f"the same failure twice before ready: {failure}: ")
+        assert sup.tree() == []
+
+
+def test_the_restart_budget_survives_a_restart_of_the_supervisor(
+    tmp_path, free_port, simulated_process_guard
+):
+    state_dir = tmp_path / "state"
+    with supervisor(tmp_path, free_port, simulated_process_guard, state_dir=state_dir) as sup:
+        sup.wait_event("ready")
+        os.kill(sup.schedulers()["sglang::scheduler_TP1"], signal.SIGKILL)
+        sup.wait_event("ready", count=2)
+        sup.signal(signal.SIGTERM)
+        assert sup.wait_exit() == 0
+        assert len(sup.state()["restart_times"]) == 1
+    # As systemd would start it again: the window still holds that restart, so with one restart
+    # allowed the next death is a crash loop at once instead of a fresh budget.
+    with supervisor(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        state_dir=state_dir,
+        options=("--max-restarts", "1"),
+    ) as sup:
+        restored = sup.wait_event("restart_budget_restored")
+        assert restored["restarts_in_window"] == 1
+        sup.wait_event("ready")
+        os.kill(sup.schedulers()["sglang::scheduler_TP1"], signal.SIGKILL)
+        assert sup.wait_exit() == 5
+        assert "crash loop: 1 restarts within 1800 s" in sup.events()[-1]["reason"]
+        assert len(sup.events("launching")) == 1

@@ -86,7 +86,8 @@ FAULTS: dict[str, Fault] = {
     "rank SIGSTOP": Fault(act=kill_rank(signal.SIGSTOP, rank=0), event="unhealthy"),
     "rank SIGSEGV": Fault(act=kill_rank(signal.SIGSEGV), event="server_failed"),
     "main process SIGKILL": Fault(act=kill_main, event="server_failed"),
-    "rank zombie": Fault(scenario={"zombie": {"rank": 1, "after_s": 0.3}}, event="unhealthy"),
+    # After ready is seen (the same death twice before ready would end the run with exit 4).
+    "rank zombie": Fault(scenario={"zombie": {"rank": 1, "after_s": 1.5}}, event="unhealthy"),
     "health 503 after ready": Fault(scenario={"health_fail_after_s": 0.3}, event="unhealthy"),
     "health never answers": Fault(
         scenario={"health_fail_after_s": 0.3, "health_fail_mode": "no_answer"},
@@ -103,17 +104,19 @@ FAULTS: dict[str, Fault] = {
         scenario={"orphan": {"kind": "double_fork", "lifetime_s": 60}},
         ready_count=1,
     ),
+    # The same failure twice before the server was ever ready: a deterministic start failure,
+    # not retried into a crash loop (exit 4, whatever the budget left).
     "exits at every start": Fault(
         scenario={"exit_code_on_start": 1},
         run={"max_restarts": 2},
-        exit_code=5,
-        reason="crash loop",
+        exit_code=4,
+        reason="the same failure twice before ready",
     ),
     "rank dies at init with status 2": Fault(
         scenario={"exit_code_on_start": 2},
         run={"max_restarts": 1},
-        exit_code=5,  # a crash, retried: never taken for SGLang's own "bad flags" (3)
-        reason="crash loop",
+        exit_code=4,  # a crash, retried once: never taken for SGLang's own "bad flags" (3)
+        reason="the same failure twice before ready",
     ),
     "SGLang rejects a flag": Fault(
         scenario={"bad_flags": ["--api-key"]}, exit_code=3, reason="unrecognized arguments"
@@ -121,8 +124,8 @@ FAULTS: dict[str, Fault] = {
     "load without progress": Fault(
         scenario={"startup_s": 60.0},
         run={"startup_stall_timeout": "1s", "max_restarts": 1},
-        exit_code=5,
-        reason="startup_stall",
+        exit_code=4,
+        reason="the same failure twice before ready: startup_stall",
     ),
     "load past the hard limit": Fault(
         scenario={"startup_s": 60.0},

@@ -1,5 +1,6 @@
 """The runner's event queue and waits: signal handlers only queue, waits feed systemd's
-watchdog and end early on a stop signal while keeping watchdog events for the loop."""
+watchdog, extend its start timeout, and end early on a stop signal while keeping watchdog
+events for the loop."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from supervisor.adapters.events import (
     restore_signal_handlers,
     signal_event,
 )
+from supervisor.config import GpuConfig
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import MemoryAction, SignalEvent, WatchdogEvent
-from supervisor.run.events import EventClock, StopRequested
+from supervisor.run.events import EXTEND_SLACK_S, EventClock, StopRequested, extension_margin_s
 from tests.fakes import FakeClock, FakeEvents
 
 KILL = WatchdogEvent(
@@ -67,3 +69,26 @@ def test_signal_handlers_only_queue_the_signal():
         restore_signal_handlers(previous)
     assert got == [signal_event(signal.SIGINT), signal_event(signal.SIGTERM)]
     assert signal.getsignal(signal.SIGTERM) == previous[signal.SIGTERM]
+
+
+def test_every_tick_of_a_wait_extends_the_start_timeout_past_the_rest_of_the_wait():
+    clock = FakeClock()
+    asked: list[tuple[float, float]] = []  # (when, how long)
+    waiting = EventClock(
+        clock,
+        FakeEvents(clock),
+        extend=lambda seconds: asked.append((clock.now, seconds)),
+        extend_margin_s=150.0,
+    )
+    waiting.sleep(300.0)  # a backoff at its cap
+    assert len(asked) >= 300  # at least once a second (the notifier sends once a second)
+    assert asked[0] == (1000.0, 450.0)
+    assert asked[-1] == (1300.0, 150.0)
+    # Each extension reaches at least `margin` past the wait's end: a tick that is late by less
+    # than the margin still finds systemd waiting.
+    assert all(when + seconds >= 1300.0 + 150.0 for when, seconds in asked)
+
+
+def test_the_margin_covers_a_gpu_reset_and_an_nvml_query_between_two_ticks():
+    gpu = GpuConfig(reset_timeout_s=120.0, nvml_timeout_s=5.0)
+    assert extension_margin_s(gpu) == 120.0 + 5.0 + EXTEND_SLACK_S

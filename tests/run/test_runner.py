@@ -69,16 +69,41 @@ def test_ready_rank_death_backoff_gpu_release_relaunch_stop(tmp_path: Path):
     assert w.notifier.messages[-1].startswith("STATUS=stopped")
 
 
-def test_a_server_that_keeps_dying_at_startup_is_a_crash_loop(tmp_path: Path):
+def test_a_server_that_dies_the_same_way_twice_before_ready_ends_with_exit_4(tmp_path: Path):
+    """A deterministic start failure (a missing module, a rank dying in its first init) is
+    not retried into a crash loop: the same launch would fail the same way again."""
     w = world(tmp_path)
     w.launcher.on_start = lambda server: w.events.call_at(
         w.clock.now + 2.0, lambda: server.exit_by_itself(1)
     )
     run = runner(w, settings(tmp_path, max_restarts=3), watch_gpus=False)
+    with capture_logs() as logs, pytest.raises(StartupFailed) as err:
+        run.run()
+    assert err.value.exit_code == 4
+    assert len(w.launcher.started) == 2
+    assert [e["delay_s"] for e in logs if e["event"] == "restarting"] == [10.0]
+    fatal = logs[-1]
+    assert (fatal["event"], fatal["exit_code"]) == ("fatal", 4)
+    assert fatal["reason"].startswith(
+        "the same failure twice before ready: exited_unexpectedly: the server exited"
+    )
+    assert w.store.load().last_failure == "exited_unexpectedly"
+
+
+def test_a_server_that_keeps_dying_after_ready_is_a_crash_loop(tmp_path: Path):
+    w = world(tmp_path)
+
+    def start_then_die(server) -> None:
+        w.on_start(server)
+        w.events.call_at(w.clock.now + LOAD_S + WARM_S + 2.0, lambda: server.exit_by_itself(1))
+
+    w.launcher.on_start = start_then_die
+    run = runner(w, settings(tmp_path, max_restarts=3), watch_gpus=False)
     with capture_logs() as logs, pytest.raises(CrashLoop) as err:
         run.run()
     assert err.value.exit_code == 5
     assert len(w.launcher.started) == 4
+    assert names(logs).count("ready") == 4
     delays = [e["delay_s"] for e in logs if e["event"] == "restarting"]
     assert delays == [10.0, 20.0, 40.0]
     assert names(logs)[-2:] == ["crash_loop", "fatal"]
@@ -137,10 +162,11 @@ def test_a_load_without_progress_is_restarted_and_one_past_the_hard_limit_ends(t
         settings(tmp_path, startup_stall_timeout_s=60.0, startup_timeout_s=100.0, max_restarts=1),
         watch_gpus=False,
     )
-    with capture_logs() as logs, pytest.raises(CrashLoop):
+    with capture_logs() as logs, pytest.raises(StartupFailed) as stalled:
         run.run()
     causes = [e["cause"] for e in logs if e["event"] == "unhealthy"]
     assert causes == [FailureKind.STARTUP_STALL, FailureKind.STARTUP_STALL]
+    assert "the same failure twice before ready: startup_stall" in str(stalled.value)
 
     w2 = world(tmp_path / "2")
 

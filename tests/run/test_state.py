@@ -22,6 +22,7 @@ def test_missing_file_is_a_fresh_state_and_a_saved_state_round_trips(tmp_path):
         instance="inst",
         run_id="abc",
         restart_count=2,
+        restart_times=(1_700_000_000.5, 1_700_000_100.25),
         last_failure="rank_crash",
         server_pids=(ProcessRef(pid=10, start_ticks=99, title="sglang::scheduler_TP0"),),
         gpu_indices=(0, 1),
@@ -44,6 +45,8 @@ def test_missing_file_is_a_fresh_state_and_a_saved_state_round_trips(tmp_path):
         '{"server_pids": [{"pid": "x"}]}',
         '{"hicache_size_override_gb": -3}',
         '{"restart_count": 1, "bogus_field_from_the_future": 1, "gpu_indices": ["a"]}',
+        '{"restart_times": ["yesterday"]}',
+        '{"restart_times": [true]}',
     ],
 )
 def test_a_corrupt_file_is_kept_aside_and_a_fresh_state_used_with_a_warning(tmp_path, text):
@@ -156,3 +159,12 @@ def test_a_fifo_as_the_state_file_is_unreadable_not_a_hang(tmp_path):
     store.save(RunState(restart_count=2))
     assert (tmp_path / STATE_FILE).is_file()
     assert StateStore(tmp_path).load().restart_count == 2
+
+
+def test_a_state_file_from_before_the_restart_times_loads_with_none(tmp_path):
+    """Files written by earlier versions have no restart_times: an empty window, not corrupt."""
+    store = StateStore(tmp_path)
+    store.path.write_text(json.dumps({"version": 1, "instance": "x", "restart_count": 4}))
+    state = store.load()
+    assert (state.restart_count, state.restart_times) == (4, ())
+    assert not list(tmp_path.glob("state.json.corrupt-*"))
