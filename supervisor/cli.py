@@ -7,6 +7,7 @@ import importlib
 import os
 import signal
 import sys
+from typing import Any
 
 
 def _hold_signals_for_run() -> None:
@@ -32,6 +33,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("supervisor.commands.run", "run"),
     "demo": ("supervisor.commands.demo", "demo"),
     "reset-state": ("supervisor.commands.reset_state", "reset_state_command"),
+    "check-config": ("supervisor.commands.check_config", "check_config"),
+    "status": ("supervisor.commands.status", "status_command"),
 }
 
 
@@ -77,14 +80,19 @@ def _main(argv: list[str] | None) -> None:
         click.echo("aborted", err=True)
         sys.exit(ExitCode.BAD_INPUT)
     except click.ClickException as exc:
-        exc.show()
+        if not _report_usage(exc, argv):
+            exc.show()
         sys.exit(exc.exit_code)
     except SupervisorError as exc:
         _report(exc)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception:  # noqa: BLE001 - a bug: exit 70 (restarted), not Python's 1 (= no fit)
+    except Exception:  # a bug: exit 70 (restarted), not Python's 1 (= no fit)
+        log = _structured_log()
+        if log is not None:  # the traceback as the event's `exception`
+            log.exception("fatal", exit_code=int(ExitCode.INTERNAL), reason="internal error")
+            sys.exit(ExitCode.INTERNAL)
         import traceback  # only on this path: with linecache and tokenize, ~4 ms of start-up
 
         traceback.print_exc()
@@ -93,17 +101,48 @@ def _main(argv: list[str] | None) -> None:
     sys.exit(rc if isinstance(rc, int) else ExitCode.OK)
 
 
-def _report(exc: SupervisorError) -> None:
-    """The operator's one line on stderr; where the log is JSON, a `fatal` event instead (once),
-    so that a program reading the log finds the reason as its last event."""
+def _structured_log() -> Any:
+    """The logger when the log is structured (JSON or journal lines), else None: then every
+    line on stderr must be an event, and a plain line would break the programs reading it."""
     log_module = sys.modules.get("supervisor.log")  # imported only by commands that log
-    if log_module is None or log_module.configured_format() != "json":
+    if log_module is None or not log_module.is_structured():
+        return None
+    import structlog
+
+    return structlog.get_logger("supervisor")
+
+
+def _report(exc: SupervisorError) -> None:
+    """The operator's one line on stderr; where the log is structured, a `fatal` event instead
+    (once), so that a program reading the log finds the reason as its last event."""
+    log = _structured_log()
+    if log is None:
         click.echo(f"sglang-supervisor: {exc}", err=True)
         return
     if not exc.logged:
-        import structlog
-
         reason, *rest = str(exc).splitlines() or [""]
-        extra = {"detail": "\n".join(rest)} if rest else {}
-        log = structlog.get_logger("supervisor")
+        extra = {"detail": "\n".join(rest)} if rest and not exc.detail_logged else {}
         log.error("fatal", exit_code=int(exc.exit_code), reason=reason, **extra)
+
+
+def _report_usage(exc: click.ClickException, argv: list[str] | None) -> bool:
+    """A usage error of `run` as a `fatal` event, where its log would be structured (its
+    --log-format, else auto); False: not `run`'s, or not structured, and shown as text."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] != ["run"]:
+        return False
+    from supervisor import log as log_module
+
+    own = args[1 : args.index("--")] if "--" in args else args[1:]
+    fmt = os.environ.get("SGLANG_SUPERVISOR_LOG_FORMAT", "auto")
+    for i, arg in enumerate(own):
+        if arg == "--log-format" and i + 1 < len(own):
+            fmt = own[i + 1]
+        elif arg.startswith("--log-format="):
+            fmt = arg.partition("=")[2]
+    log_module.configure_logging(fmt if fmt in log_module.FORMATS else "auto")
+    log = _structured_log()
+    if log is None:
+        return False
+    log.error("fatal", exit_code=exc.exit_code, reason=exc.format_message())
+    return True

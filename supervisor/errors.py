@@ -23,6 +23,9 @@ class SupervisorError(Exception):
 
     exit_code: ExitCode = ExitCode.INTERNAL
     logged = False  # already told as a `fatal` log event (the run loop's end)
+    # The message's lines after the first (the pre-flight's table) are an event of their own
+    # already (`preflight_report`): the `fatal` event leaves them out, a terminal still shows them.
+    detail_logged = False
 
 
 class ConfigError(SupervisorError):

@@ -67,7 +67,7 @@ def add_sink(sink: Sink) -> None:
 def remove_sink(sink: Sink) -> None:
     global _sinks
     with _sinks_lock:
-        _sinks = tuple(s for s in _sinks if s is not sink)
+        _sinks = tuple(s for s in _sinks if s != sink)  # a bound method: equal, not identical
 
 
 def _tap(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mapping[str, Any]:

@@ -3,7 +3,7 @@
 Handlers do nothing but `put` (reentrant-safe: gunicorn's arbiter does the same); the main loop
 drains the queue. Any thread may post a watchdog event the same way. Every catchable signal a
 supervisor meets has a defined meaning, which matters as a container's PID 1, where the kernel
-applies no default action: TERM, INT and QUIT stop, HUP is logged and ignored, USR1 dumps the
+applies no default action: TERM, INT and QUIT stop, HUP reloads the config, USR1 dumps the
 status, USR2 and PIPE are ignored. `block_signals` holds them back from the start of the process
 until the handlers exist, so a stop that comes during start-up is not lost.
 """

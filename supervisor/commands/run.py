@@ -19,10 +19,16 @@ from typing import TYPE_CHECKING, Any
 import click
 import structlog
 
-from supervisor.config import RunConfig, RunSettings, SupervisorConfig, load_config
+from supervisor.commands.run_options import (
+    env_option,
+    merge_run_config,
+    run_options,
+    size_option,
+    with_model_facts,
+)
+from supervisor.config import RunSettings, SupervisorConfig, load_config
 from supervisor.core.redact import secret_values
 from supervisor.core.sglang_args import ArgvError
-from supervisor.core.units import parse_duration
 from supervisor.errors import ConfigError, ExitCode, ServerArgsRejected, SupervisorError
 from supervisor.log import register_secrets
 from supervisor.preflight.reader import argv_problem, launch_reader
@@ -33,109 +39,8 @@ if TYPE_CHECKING:
     from supervisor.adapters.events import QueueEvents
     from supervisor.core.ports import GpuSensor, Notifier
     from supervisor.memory.guard import MemoryGuard
+    from supervisor.run.plugins import ReloadHook
     from supervisor.run.runner import Runner
-
-# Set by the shipped unit next to TimeoutStopSec (systemd tells a service nothing about it).
-UNIT_STOP_TIMEOUT_ENV = "SGLANG_SUPERVISOR_STOP_TIMEOUT_S"
-# Killing the tree and the kernel unpinning host memory after the grace (243 GB ~ 26 s,
-# sglang PR #32829) must fit before systemd's own SIGKILL.
-STOP_MARGIN_S = 30.0
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
-
-
-_DURATION = "duration"  # marker in the table below: parsed by _duration
-# (option, RunConfig field, click type, help). One table: the decorators are generated from it.
-_RUN_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
-    ("--name", "name", str, "Instance name: state in /var/lib/sglang-supervisor/NAME."),
-    ("--state-dir", "state_dir", str, "Directory of the state file and incident reports."),
-    ("--stop-grace", "stop_grace_s", _DURATION, "SIGTERM to SIGKILL on stop (default 60s)."),
-    (
-        "--worker-stop-grace",
-        "worker_stop_grace_s",
-        _DURATION,
-        "The same on --node-rank >= 1, where SGLang does not drain (default 5s).",
-    ),
-    ("--health-path", "health_path", str, "Health endpoint (default /health)."),
-    ("--health-interval", "health_interval_s", _DURATION, "Health check period (default 10s)."),
-    ("--health-timeout", "health_timeout_s", _DURATION, "One health check's limit (25s)."),
-    ("--failure-threshold", "failure_threshold", int, "Consecutive failed checks = dead (3)."),
-    ("--startup-timeout", "startup_timeout_s", _DURATION, "Hard load limit (default 60min)."),
-    (
-        "--startup-stall-timeout",
-        "startup_stall_timeout_s",
-        _DURATION,
-        "No progress = stuck (10min).",
-    ),
-    ("--backoff-initial", "backoff_initial_s", _DURATION, "First restart delay (default 10s)."),
-    ("--backoff-max", "backoff_max_s", _DURATION, "Restart delay cap (default 300s)."),
-    ("--stable-after", "stable_after_s", _DURATION, "Healthy this long resets the delay (10min)."),
-    ("--max-restarts", "max_restarts", int, "More restarts within the window = crash loop (5)."),
-    ("--restart-window", "restart_window_s", _DURATION, "Window for --max-restarts (30min)."),
-    ("--oom-score-adj", "oom_score_adj", int, "oom_score_adj of the server tree (500)."),
-    ("--keep-files", "keep_files", int, "Incident reports kept, the newest (100)."),
-    (
-        "--cgroup",
-        "cgroup",
-        click.Choice(["auto", "off"]),
-        "Server tree in a cgroup of its own when possible (auto), or /proc only (off).",
-    ),
-    ("--log-format", "log_format", click.Choice(["auto", "json", "console"]), "Log rendering."),
-    ("--log-level", "log_level", click.Choice(["debug", "info", "warning", "error"]), "Level."),
-)
-_RUN_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("auto-size", "auto_size", "On no-fit, launch with the largest --hicache-size that fits."),
-    ("force", "force", "On no-fit, launch anyway."),
-    ("kill-foreign-gpu-processes", "kill_foreign_gpu_processes", "Kill others on the GPUs."),
-)
-
-
-def _run_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    for flag, field, kind, help_text in reversed(_RUN_OPTIONS):
-        if kind == _DURATION:
-            option = click.option(
-                flag, field, callback=_duration, metavar="DURATION", help=help_text
-            )
-        else:
-            option = click.option(flag, field, type=kind, default=None, help=help_text)
-        f = option(f)
-    for flag, field, help_text in reversed(_RUN_FLAGS):
-        f = click.option(f"--{flag}/--no-{flag}", field, default=None, help=help_text)(f)
-    return f
-
-
-def merge_run_config(run: RunConfig, options: Mapping[str, Any]) -> RunConfig:
-    """Command-line values over the config file's [run]; validation names the key and option.
-
-    Raises:
-        ConfigError: an impossible value, or a stop grace that does not fit the unit's
-            TimeoutStopSec.
-    """
-    given = {k: v for k, v in options.items() if v is not None}
-    try:
-        merged = dataclasses.replace(run, **given)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (from the config file or its command-line option)") from None
-    unit_timeout = os.environ.get(UNIT_STOP_TIMEOUT_ENV)
-    if unit_timeout:
-        try:
-            limit_s = parse_duration(unit_timeout)
-        except ValueError:
-            limit_s = None
-        if limit_s is not None and merged.stop_grace_s + STOP_MARGIN_S > limit_s:
-            raise ConfigError(
-                f"config key run.stop_grace ({merged.stop_grace_s:g} s) must leave "
-                f"{STOP_MARGIN_S:g} s below the unit's TimeoutStopSec ({limit_s:g} s, "
-                f"{UNIT_STOP_TIMEOUT_ENV}); lower it or raise both in a drop-in"
-            )
-    return merged
 
 
 def build_settings(
@@ -148,6 +53,7 @@ def build_settings(
     run_options: Mapping[str, Any],
 ) -> RunSettings:
     """RunSettings from the config file and the command line."""
+    from supervisor.adapters.credentials import resolve_credentials
     from supervisor.run import launch
 
     run = merge_run_config(config.run, run_options)
@@ -168,6 +74,7 @@ def build_settings(
     else:
         command = config.server.command or launch.default_server_command()
     launch.check_server_command(command)
+    resolve_credentials(config.server.user, config.server.group)  # unknown names: exit 2 now
     reader = launch_reader(config, args, command)
     try:
         reader.plan(args)
@@ -190,23 +97,49 @@ def build_settings(
     "config_path",
     type=click.Path(dir_okay=False, path_type=Path),
     help="TOML config ([server], [run], [watchdog], [gpu], ...).",
+    **env_option("--config"),
 )
 @click.option(
     "--server-command",
     help='Command instead of "python -m sglang.launch_server" (shell-split), e.g. '
     '"/opt/sglang/.venv/bin/python -m sglang.launch_server".',
+    **env_option("--server-command"),
 )
 @click.option(
     "--gpu-backend",
     type=click.Choice(["auto", "nvml", "sim", "none"]),
     help="How to read the GPUs (default: [gpu] backend, auto).",
+    **env_option("--gpu-backend"),
 )
-@_run_options
+@click.option(
+    "--model-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="config.json for the pre-flight when the model is not on this host yet "
+    "([server] model_config).",
+    **env_option("--model-config"),
+)
+@click.option(
+    "--weights",
+    callback=size_option,
+    metavar="SIZE",
+    help="Checkpoint size when the shards are not on this host, e.g. 16.4GB ([preflight] weights).",
+    **env_option("--weights"),
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print what would be launched (argv, environment, limits) and exit: nothing is "
+    "launched or killed, no state written.",
+)
+@run_options
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
 def run(
     config_path: Path | None,
     server_command: str | None,
     gpu_backend: str | None,
+    model_config: Path | None,
+    weights: int | None,
+    dry_run: bool,
     server_args: tuple[str, ...],
     **run_options: Any,
 ) -> int:
@@ -217,36 +150,47 @@ def run(
     Exit codes: 0 stopped, 1 does not fit, 2 bad input, 3 SGLang rejected its
     arguments, 4 startup failed, 5 crash loop, 6 GPU unrecoverable, 70 internal error.
     """
-    from supervisor.log import configure_logging
+    from supervisor.commands.check_config import print_preview, start_problem
+    from supervisor.log import configure_logging, is_structured
 
     # From the first moment: a refusal of the config itself is then a `fatal` event too, where
     # the log is JSON (the file's own log_format applies once it is read).
     configure_logging(str(run_options.get("log_format") or "auto"))
-    config = load_config(config_path)
-    settings = build_settings(
-        config,
-        config_path=config_path,
-        server_args=server_args,
-        server_command=server_command,
-        gpu_backend=gpu_backend,
-        run_options=run_options,
-    )
-    from supervisor.adapters.gpu_reset import check_reset_command
 
-    problem = check_reset_command(settings.config.gpu.reset_command)
-    if problem is not None:
-        raise ConfigError(problem)
+    def read_settings() -> RunSettings:
+        """The file under the options: at start, and again at each reload (SIGHUP)."""
+        config = with_model_facts(load_config(config_path), model_config, weights)
+        settings = build_settings(
+            config,
+            config_path=config_path,
+            server_args=server_args,
+            server_command=server_command,
+            gpu_backend=gpu_backend,
+            run_options=run_options,
+        )
+        problem = start_problem(settings)
+        if problem is not None:
+            raise ConfigError(problem)
+        return settings
+
+    settings = read_settings()
     register_secrets(
         secret_values(
             settings.reader.plan(settings.server_args),
             {**os.environ, **settings.config.server.env},
         )
     )
+    if dry_run:
+        return print_preview(settings, as_json=is_structured())
     store = StateStore(settings.state_dir, keep_files=settings.run.keep_files)
     store.ensure_writable()
     store.claim()
-    configure_logging(settings.run.log_format, settings.run.log_level)
-    return int(_run_supervisor(settings, store))
+    configure_logging(
+        settings.run.log_format,
+        settings.run.log_level,
+        server_output=settings.config.log.server_output,
+    )
+    return int(_run_supervisor(settings, store, read_settings if config_path else None))
 
 
 def build_runner(
@@ -258,32 +202,34 @@ def build_runner(
     notifier: Notifier,
     events: QueueEvents,
     cgroup: ServerCgroup | None = None,
+    reload_settings: Callable[[], RunSettings] | None = None,
+    reload_hooks: tuple[ReloadHook, ...] = (),
 ) -> Runner:
-    """The production runner: real processes, HTTP health probes, the system clock."""
+    """The production runner: real processes, HTTP health probes, the system clock.
+    `reload_settings` reads the settings again at a SIGHUP (None: no config file to read)."""
     from supervisor.adapters import shm
     from supervisor.adapters.clock import SystemClock
+    from supervisor.adapters.credentials import resolve_credentials
     from supervisor.adapters.gpu_reset import CommandGpuResetter
-    from supervisor.adapters.health import HttpHealthProbe, health_url
     from supervisor.adapters.ledger import open_ledger
     from supervisor.adapters.processes import SystemProcesses
     from supervisor.adapters.server_process import SubprocessLauncher
     from supervisor.run.plugins import RunnerIO
+    from supervisor.run.reload import live_probes
     from supervisor.run.runner import Runner
 
-    run_cfg = settings.run
-    gpu = settings.config.gpu
-
-    def probe_factory(plan: Any) -> Callable[[], Any]:
-        url = health_url(plan.host, plan.port, run_cfg.health_path)
-        return HttpHealthProbe(url, timeout_s=run_cfg.health_timeout_s).check
+    gpu, server = settings.config.gpu, settings.config.server
 
     io = RunnerIO(
         clock=SystemClock(),
         events=events,
-        launcher=SubprocessLauncher(cgroup=cgroup),
+        launcher=SubprocessLauncher(
+            cgroup=cgroup,
+            credentials=resolve_credentials(server.user, server.group, kept_env=server.env),
+        ),
         processes=SystemProcesses(),
         notifier=notifier,
-        probe_factory=probe_factory,
+        probe_factory=live_probes(lambda: runner.run_cfg),
         sensor=sensor,
         resetter=(
             CommandGpuResetter(gpu.reset_command, timeout_s=gpu.reset_timeout_s)
@@ -293,14 +239,23 @@ def build_runner(
         sweep_shm=shm.sweep,
         # A run is on this host even when its facts are given: it keeps the ledger always.
         reservations=open_ledger(settings.config.preflight.ledger_dir, settings.instance),
+        reload_settings=reload_settings,
     )
-    return Runner(settings, store, io, guard.plugins)
+    plugins = guard.plugins
+    plugins = dataclasses.replace(plugins, reload_hooks=(*plugins.reload_hooks, *reload_hooks))
+    runner = Runner(settings, store, io, plugins)
+    return runner
 
 
-def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
+def _run_supervisor(
+    settings: RunSettings,
+    store: StateStore,
+    reload_settings: Callable[[], RunSettings] | None = None,
+) -> int:
     from supervisor.adapters import events as signals
     from supervisor.adapters.server_process import become_subreaper
     from supervisor.run.containment import contain, release
+    from supervisor.run.metrics import serve_metrics
 
     # Handlers first, then the signals held since the process started are delivered (queued as
     # events): before any child exists, since children inherit the signal mask.
@@ -312,7 +267,8 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
         # Before any child (the NVML worker) starts: it then lives in our own leaf group.
         containment = contain(settings.instance, settings.run.cgroup)
         try:
-            return _supervise(settings, store, containment.server, events)
+            with serve_metrics(settings):  # from before the first launch to the end
+                return _supervise(settings, store, containment.server, events, reload_settings)
         finally:
             release(containment)
     finally:
@@ -320,12 +276,18 @@ def _run_supervisor(settings: RunSettings, store: StateStore) -> int:
 
 
 def _supervise(
-    settings: RunSettings, store: StateStore, cgroup: ServerCgroup | None, events: QueueEvents
+    settings: RunSettings,
+    store: StateStore,
+    cgroup: ServerCgroup | None,
+    events: QueueEvents,
+    reload_settings: Callable[[], RunSettings] | None = None,
 ) -> int:
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.memory.guard import MemoryGuard
     from supervisor.preflight.sensors import guarded_sensor
     from supervisor.run import launch
+    from supervisor.run.hooks import NotificationHooks
+    from supervisor.run.status_report import publishing_status
 
     log = structlog.get_logger("supervisor.run")
     gpu = settings.config.gpu
@@ -340,8 +302,18 @@ def _supervise(
     guard = MemoryGuard(
         settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
     )
+    notifier = SdNotifier()
+    hooks = NotificationHooks(settings)  # [hooks]: from before the first launch to the end
     runner = build_runner(
-        settings, store, sensor, guard, notifier=SdNotifier(), events=events, cgroup=cgroup
+        settings,
+        store,
+        sensor,
+        guard,
+        notifier=notifier,
+        events=events,
+        cgroup=cgroup,
+        reload_settings=reload_settings,
+        reload_hooks=(hooks.reload,),
     )
     log.info(
         "settings",
@@ -350,13 +322,17 @@ def _supervise(
         **launch.describe_settings(settings, settings.reader.plan(settings.server_args)),
     )
     try:
-        return runner.run()
+        with publishing_status(settings, notifier):  # status.json, the load's progress
+            rc = runner.run()
+        notifier.report_drops(at_exit=True)  # after a fatal end, `fatal` stays the last event
+        return rc
     except SupervisorError:
         raise
     except Exception:  # the one broad catch: logged with traceback; the tree is already killed
         log.exception("internal_error")
         return int(ExitCode.INTERNAL)
     finally:
+        hooks.close()  # after the fatal event: its hook runs (bounded) before the exit
         if sensor is not None:
             sensor.close()
 

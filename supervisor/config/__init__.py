@@ -2,10 +2,12 @@
 
 from typing import TYPE_CHECKING, Any
 
+from supervisor.config.hooks import HooksConfig
 from supervisor.config.loader import load_config, read_toml
 from supervisor.config.sections import (
     GpuConfig,
     HostConfig,
+    LogConfig,
     NumaNodeSpec,
     PreflightConfig,
     RunConfig,
@@ -19,7 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GpuConfig",
+    "HooksConfig",
     "HostConfig",
+    "LogConfig",
     "NumaNodeSpec",
     "PreflightConfig",
     "RunConfig",

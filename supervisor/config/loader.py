@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import stat
 import sys
 import types
@@ -24,7 +25,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
-def _strip_unit(name: str) -> str:
+def toml_key(name: str) -> str:
+    """The TOML key of a section field: its name without the unit suffix."""
     for suffix in ("_bytes", "_s"):
         if name.endswith(suffix):
             return name[: -len(suffix)]
@@ -88,21 +90,31 @@ def _convert(key: str, field_name: str, annotation: Any, raw: Any) -> Any:
     raise ConfigError(f"config key {key}: expected {expected}, got {type(raw).__name__} {raw!r}")
 
 
+def _split_command(key: str, text: str) -> list[str]:
+    """A command given as one string, split like a shell would (no shell runs it)."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"config key {key}: {exc}") from None
+
+
 def _section(cls: type[T], table: Mapping[str, Any], prefix: str) -> T:
     """Build a section dataclass from a TOML table; unknown keys and bad types name the key."""
     if not isinstance(table, Mapping):
         raise ConfigError(f"config key {prefix}: expected a table")
     hints = typing.get_type_hints(cls)
-    by_key = {_strip_unit(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    by_key = {toml_key(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, raw in table.items():
         fld = by_key.get(key)
         if fld is None:
             known = ", ".join(sorted(by_key))
             raise ConfigError(f"unknown config key {prefix}.{key} (known keys: {known})")
+        if fld.metadata.get("command") and isinstance(raw, str):
+            raw = _split_command(f"{prefix}.{key}", raw)
         kwargs[fld.name] = _convert(f"{prefix}.{key}", fld.name, hints[fld.name], raw)
     missing = [
-        _strip_unit(f.name)
+        toml_key(f.name)
         for f in dataclasses.fields(cls)  # type: ignore[arg-type]
         if f.default is dataclasses.MISSING
         and f.default_factory is dataclasses.MISSING

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from supervisor.config.hooks import HooksConfig
+from supervisor.config.metrics_sections import HttpConfig, MetricsConfig
 from supervisor.core.units import GB, GiB
 from supervisor.errors import ConfigError
 
@@ -79,6 +81,10 @@ class ServerConfig:
     model_config: str | None = None  # a config.json that overrides the model directory's
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     crash_dumps: bool = False  # keep SGLang's ~65 s py-spy/CUDA core-dump wait on a crash
+    # The server tree runs as this user (name or uid) and group (default: the user's), with the
+    # groups of /dev/nvidia*; the supervisor stays root. Checked at start (adapters/credentials).
+    user: str | None = None
+    group: str | None = None
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -177,8 +183,11 @@ class RunConfig:
     cgroup: str = "auto"
     # Incident reports and corrupt state files set aside: the newest this many of each are kept.
     keep_files: int = 100
-    log_format: str = "auto"  # auto | json | console
+    log_format: str = "auto"  # auto | json | console | journal
     log_level: str = "info"
+    # SIGHUP: a change to the server's argv or environment drains and relaunches it at once
+    # (true) or waits for its next restart (false).
+    restart_on_reload: bool = False
 
     def backoff_policy(self) -> BackoffPolicy:
         """The restart delays and crash-loop limits these keys describe."""
@@ -232,8 +241,8 @@ class RunConfig:
             raise bad("cgroup", "must be auto or off", self.cgroup)
         if self.keep_files < 1:
             raise bad("keep_files", "must be at least 1", self.keep_files)
-        if self.log_format not in ("auto", "json", "console"):
-            raise bad("log_format", "must be auto, json or console", self.log_format)
+        if self.log_format not in ("auto", "json", "console", "journal"):
+            raise bad("log_format", "must be auto, json, console or journal", self.log_format)
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise bad("log_level", "must be debug, info, warning or error", self.log_level)
 
@@ -267,6 +276,9 @@ class WatchdogConfig:
     shrink_factor: float = 0.75
     min_hicache_size_bytes: int = 1 * GB
     incident_log_lines: int = 200
+    # A restart-smaller override is dropped this long after it was set (0: kept until
+    # `reset-state`), so a box that recovered gets its full --hicache-size back.
+    shrink_expires_s: float = 0.0
 
     def __post_init__(self) -> None:
         levels = ("warn", "terminate", "kill")
@@ -344,6 +356,22 @@ class GpuConfig:
 
 
 @dataclasses.dataclass(**_FROZEN)
+class LogConfig:
+    """What goes into the log besides the supervisor's own events ([run] log_format and
+    log_level say how and how much)."""
+
+    # json: each SGLang line is a `server_output` event; raw: the line as SGLang wrote it after
+    # "[sglang] " (secrets masked, and still an event for status and metrics).
+    server_output: str = "json"
+
+    def __post_init__(self) -> None:
+        if self.server_output not in ("json", "raw"):
+            raise ConfigError(
+                f"config key log.server_output must be json or raw (got {self.server_output!r})"
+            )
+
+
+@dataclasses.dataclass(**_FROZEN)
 class SupervisorConfig:
     """The whole config file, one dataclass per TOML table."""
 
@@ -353,3 +381,7 @@ class SupervisorConfig:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     watchdog: WatchdogConfig = dataclasses.field(default_factory=WatchdogConfig)
     gpu: GpuConfig = dataclasses.field(default_factory=GpuConfig)
+    http: HttpConfig = dataclasses.field(default_factory=HttpConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    hooks: HooksConfig = dataclasses.field(default_factory=HooksConfig)

@@ -17,7 +17,7 @@ class SignalAction(str, Enum):
     """What a signal asks of the supervisor (adapters/events.py maps each signal to one)."""
 
     STOP = "stop"  # SIGTERM, SIGINT, SIGQUIT: drain and stop
-    RELOAD = "reload"  # SIGHUP: logged, the server untouched (no reload is defined yet)
+    RELOAD = "reload"  # SIGHUP: read the config file again (run/reload.py)
     STATUS = "status"  # SIGUSR1: the current status in the log
 
 

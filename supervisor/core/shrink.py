@@ -82,3 +82,17 @@ def decide_shrink(
         f"(× {shrink_factor:g}, minimum {min_size_gb} GB)",
         at_minimum=size == min_size_gb,
     )
+
+
+def override_expires_at(set_at_s: float | None, expires_s: float) -> float | None:
+    """When a restart-smaller override set at `set_at_s` (epoch seconds) lapses; None: never
+    (`shrink_expires` off) or not known (an override from before its time was recorded)."""
+    if expires_s <= 0 or set_at_s is None:
+        return None
+    return set_at_s + expires_s
+
+
+def override_expired(set_at_s: float | None, expires_s: float, now_s: float) -> bool:
+    """Whether the override is past its `[watchdog] shrink_expires`."""
+    expires_at = override_expires_at(set_at_s, expires_s)
+    return expires_at is not None and now_s >= expires_at

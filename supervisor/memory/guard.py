@@ -85,6 +85,7 @@ class MemoryGuard:
             components=(self.watchdog_for,),
             death_hooks=(self.on_death,),
             release_hooks=(self.record_release,),
+            reload_hooks=(self.on_reload,),
         )
 
     def watchdog_for(
@@ -119,6 +120,24 @@ class MemoryGuard:
             keep_files=self.settings.run.keep_files,
         )
         return self.dog
+
+    def on_reload(self, settings: RunSettings) -> None:
+        """A reload (SIGHUP): the new levels apply to the running watchdog at once (its tree
+        budget stays that of its launch); the rest of [watchdog] from the next launch on."""
+        self.settings, self.cfg = settings, settings.config.watchdog
+        dog = self.dog
+        if dog is None or not dog.is_running:
+            return
+        limits = limits_from_config(self.cfg, dog.limits.tree_budget_bytes)
+        if limits != dog.limits:
+            dog.limits = limits  # one reference swap: the thread reads it at its next tick
+            levels = {"warn": limits.warn, "terminate": limits.terminate, "kill": limits.kill}
+            log.info(
+                "watchdog_limits_reloaded",
+                **{f"{name}_available_bytes": level.bytes_ for name, level in levels.items()},
+                **{f"{name}_available_percent": level.percent for name, level in levels.items()},
+                tree_kill_bytes=limits.tree_kill_bytes,
+            )
 
     def on_death(self, report: DeathReport) -> None:
         """Death hook: note the classification in the incident, then restart smaller."""

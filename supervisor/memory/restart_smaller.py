@@ -42,7 +42,10 @@ def restart_smaller(
 
     def change(state: RunState) -> RunState:
         return dataclasses.replace(
-            state, hicache_size_override_gb=size, override_reason=decision.reason
+            state,
+            hicache_size_override_gb=size,
+            override_reason=decision.reason,
+            override_set_at=store.clock.wall(),  # [watchdog] shrink_expires counts from here
         )
 
     store.update(change)

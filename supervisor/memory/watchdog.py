@@ -16,6 +16,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -116,6 +117,16 @@ class MemoryWatchdog:
         self._host_error_logged = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Every event of this watchdog names its run and server like the main loop's: they are
+        # bound to its logger and in its thread's context (incident.py logs there too), since a
+        # thread sees none of the main thread's contextvars.
+        self._context = {"run_id": run_id, "server_pid": server.pid}
+
+    @property
+    def log(self) -> Any:
+        """The logger with this run's fields, under the logging configuration in force now (a
+        logger bound once would keep the level and format of its day)."""
+        return log.bind(**self._context)
 
     # -- thread ------------------------------------------------------------------------------
 
@@ -138,12 +149,13 @@ class MemoryWatchdog:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        log.info("watchdog_started", server_pid=self.server.pid, run_id=self.run_id)
+        structlog.contextvars.bind_contextvars(**self._context)
+        self.log.info("watchdog_started")
         while not self._stop.is_set():
             try:
                 decision = self.tick()
             except Exception:  # the watchdog must outlive a bad tick (logged with traceback)
-                log.exception("watchdog_tick_failed")
+                self.log.exception("watchdog_tick_failed")
                 self._stop.wait(1.0)
                 continue
             if self.killed_at_s is not None:
@@ -186,7 +198,7 @@ class MemoryWatchdog:
             available = host.usable_bytes
         except HostReadError as exc:
             if not self._host_error_logged:
-                log.error("watchdog_degraded", reason=f"host memory unreadable: {exc}")
+                self.log.error("watchdog_degraded", reason=f"host memory unreadable: {exc}")
                 self._host_error_logged = True
             available = self.history[-1].available_bytes if self.history else 1 << 62
         psi = self.read_psi()
@@ -215,17 +227,17 @@ class MemoryWatchdog:
             if recheck.verdict is Verdict.KILL:
                 self._kill(recheck)
                 return recheck
-            log.info("memory_kill_averted", reason=decision.reason, now=recheck.reason)
+            self.log.info("memory_kill_averted", reason=decision.reason, now=recheck.reason)
             decision = recheck
         if decision.verdict is Verdict.TERMINATE and self.terminated_at_s is None:
             self._terminate(decision)
         elif decision.verdict is Verdict.WARN and self._last_verdict is not Verdict.WARN:
-            log.warning("memory_warn", reason=decision.reason, **self._numbers())
+            self.log.warning("memory_warn", reason=decision.reason, **self._numbers())
         self._last_verdict = decision.verdict
         now = self.history[-1].t_s
         if now - self._last_report_s >= REPORT_INTERVAL_S:
             self._last_report_s = now
-            log.info(
+            self.log.info(
                 "memory_report", interval_s=round(decision.next_interval_s, 3), **self._numbers()
             )
         return decision
@@ -252,7 +264,7 @@ class MemoryWatchdog:
         self.reported.clear()
         pids = self.server.kill_all(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.killed_at_s = self.clock.monotonic()
-        log.error(
+        self.log.error(
             "server_killed",
             cause="memory_kill",
             reason=decision.reason,
@@ -282,7 +294,7 @@ class MemoryWatchdog:
         self.reported.clear()
         self.server.terminate(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.terminated_at_s = self.clock.monotonic()
-        log.error(
+        self.log.error(
             "server_terminated",
             cause="memory_terminate",
             reason=decision.reason,
@@ -332,7 +344,7 @@ class MemoryWatchdog:
             if not left:
                 self.gone_at_s = self.clock.monotonic()
                 elapsed_ms = round((self.gone_at_s - self.killed_at_s) * 1000, 1)
-                log.info("server_tree_gone", after_ms=elapsed_ms)
+                self.log.info("server_tree_gone", after_ms=elapsed_ms)
                 if self.incident is not None:
                     self.incident.record_next("tree_gone", after_ms=elapsed_ms)
                 return

@@ -130,6 +130,7 @@ def drain_then_kill(
         event = events.get(min(_STOP_POLL_S, left))
         if isinstance(event, SignalEvent) and event.stops:
             log.warning("stop_escalated", signal=event.name)
+            events.put(event)  # still a stop for the next wait (a reload's relaunch has one)
             break
         feed_watchdog()
     pids = server.kill_all(STOP_REQUESTED)

@@ -73,7 +73,7 @@ class ReleaseResult:
             "killed_pids": list(self.killed_pids),
             "reset_gpus": list(self.reset_gpus),
             "d_state_pids": list(self.d_state_pids),
-            "gpus": [c.describe() for c in self.checks],
+            "gpus": [c.to_json() for c in self.checks],
         }
 
 
@@ -181,6 +181,14 @@ def _judge(
     )
 
 
+def _given_up(
+    wait: _Wait, checks: tuple[GpuCheck, ...], reason: str, elapsed_s: float
+) -> ReleaseResult:
+    gpus = [c.to_json() for c in checks]  # each GPU's bytes as integers, and in words
+    log.error("gpu_release_failed", elapsed_s=round(elapsed_s, 3), reason=reason, gpus=gpus)
+    return wait.result(checks, False, reason, elapsed_s)
+
+
 def wait_for_gpu_release(
     sensor: GpuSensor,
     gpu_indices: Sequence[int],
@@ -229,8 +237,7 @@ def wait_for_gpu_release(
             log.info("gpu_release_done", elapsed_s=round(elapsed, 3), gpus=list(targets))
             return wait.result(checks, True, decision.reason, elapsed)
         if decision.action is ReleaseAction.GIVE_UP:
-            log.error("gpu_release_failed", elapsed_s=round(elapsed, 3), reason=decision.reason)
-            return wait.result(checks, False, decision.reason, elapsed)
+            return _given_up(wait, checks, decision.reason, elapsed)
         if decision.action is ReleaseAction.KILL:
             _kill(decision.kill_pids, holders.kill, wait)
         elif decision.action is ReleaseAction.RESET and resetter is not None:

@@ -1,6 +1,7 @@
 """Before and at a launch: the server's command and environment, the pre-flight gate (with
---auto-size / --force), the watchdog's --hicache-size override, the start itself, and the state
-file's record of the run. The loop that uses them is supervisor/run/runner.py.
+--auto-size / --force), the start itself, and the state file's record of the run (the
+watchdog's --hicache-size override: run/override.py). The loop that uses them is
+supervisor/run/runner.py.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ from supervisor.errors import ConfigError, PreflightFailed
 from supervisor.preflight import run_preflight
 from supervisor.preflight.measurements import save_record
 from supervisor.run.death import wait_tree_gone
-from supervisor.run.state import ProcessRef, RunState, StateStore
+from supervisor.run.state import ProcessRef, StateStore
 
 log = structlog.get_logger("supervisor.run")
 
@@ -50,6 +52,9 @@ CRASH_DUMP_ENV = dict.fromkeys(sglang_facts.CRASH_DUMP_ENV, "0")
 _SYSTEMD_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 # The server's output lines kept for classification and incident files, at least.
 MIN_TAIL_LINES = 200
+# The output thread waits at most this long for start_server to learn the server's PID (it
+# takes microseconds: Popen has returned before that thread exists).
+PID_WAIT_S = 5.0
 
 
 def default_server_command() -> tuple[str, ...]:
@@ -119,20 +124,6 @@ def resolve_gpu_backend(backend: str) -> str:
     return "nvml" if ctypes.util.find_library("nvidia-ml") else "none"
 
 
-def apply_override(argv: Sequence[str], state: RunState) -> tuple[str, ...]:
-    """The watchdog's --hicache-size override from the state file, applied to argv."""
-    if state.hicache_size_override_gb is None:
-        return tuple(argv)
-    new = with_flag_value(argv, "--hicache-size", str(state.hicache_size_override_gb))
-    log.warning(
-        "hicache_override_applied",
-        hicache_size_gb=state.hicache_size_override_gb,
-        reason=state.override_reason,
-        hint="`sglang-supervisor reset-state` clears it",
-    )
-    return new
-
-
 def _failed(report: FitReport) -> list[str]:
     return [c.detail for c in report.checks if c.status is Status.FAIL]
 
@@ -184,7 +175,7 @@ def _gate(
         )
 
     try:
-        report = preflight(argv)
+        report = _reported(preflight(argv))
     except ConfigError as exc:
         if not run.force:
             raise
@@ -201,7 +192,16 @@ def _gate(
     if run.force:
         log.warning("preflight_failed_forced", failed_checks=_failed(report))
         return tuple(argv), report
-    raise PreflightFailed(_refusal(report, why_not, auto_size=run.auto_size))
+    refusal = PreflightFailed(_refusal(report, why_not, auto_size=run.auto_size))
+    refusal.detail_logged = True  # the table: the preflight_report event, as fields
+    raise refusal
+
+
+def _reported(report: FitReport) -> FitReport:
+    """`report` as the `preflight_report` event (the --json schema: the verdict, the checks,
+    the numbers in bytes), so a structured log holds the pre-flight as data, never as a table."""
+    (log.info if report.fits else log.warning)("preflight_report", **report.to_json())
+    return report
 
 
 def _auto_size(
@@ -222,23 +222,22 @@ def _auto_size(
         failed_checks=_failed(report),
         argv=list(redact_argv(sized)),
     )
-    again = preflight(sized)
+    again = _reported(preflight(sized))
     if again.fits or settings.run.force:
         return sized, again, ""
     return None, again, f"--hicache-size {decision.size_gb} does not fit either"
 
 
 def _refusal(report: FitReport, why_not: str, *, auto_size: bool) -> str:
-    """The refusal, naming what failed; --auto-size is offered only where it could help."""
+    """The refusal, naming what failed; --auto-size is offered only where it could help. Its
+    first line is the `fatal` event's reason; the table below it is for a terminal."""
     failed = [c for c in report.checks if c.status is Status.FAIL]
-    memory_only = all(is_memory_check(c) for c in failed)
-    if memory_only and not auto_size:
-        advice = "--auto-size to launch with the largest safe --hicache-size, --force to launch"
-        return f"the pre-flight refuses this launch ({advice} anyway):\n{report.render_table()}"
+    if all(is_memory_check(c) for c in failed) and not auto_size:
+        why_not = "--auto-size to launch with the largest safe --hicache-size"
     names = ", ".join(c.name for c in failed)
     return (
         f"the pre-flight refuses this launch: {names} failed ({why_not}; --force to launch "
-        f"anyway):\n{report.render_table()}"
+        f"anyway)\n{report.render_table()}"
     )
 
 
@@ -259,15 +258,21 @@ def start_server(
         ConfigError: the command cannot be executed (the path and the reason named).
     """
     command = (*settings.server_command, *argv)
-    server_log = log.bind(run_id=run_id)
+    # The output thread's lines carry run_id and server_pid like every event after the launch:
+    # that thread sees none of this one's context, and the PID is known once start returns.
+    bound: dict[str, object] = {"run_id": run_id}
+    started = threading.Event()
+    starter = threading.get_ident()
 
     def sink(line: str) -> None:
-        server_log.info("server_output", line=line)
+        if threading.get_ident() != starter:
+            started.wait(PID_WAIT_S)
+        log.info("server_output", line=line, **bound)
         if on_line is not None:
             on_line(line)
 
     try:
-        return launcher.start(
+        server = launcher.start(
             command,
             server_env(settings, run_id, supervisor_mark=supervisor_mark),
             run_id=run_id,
@@ -276,10 +281,14 @@ def start_server(
             oom_score_adj=settings.run.oom_score_adj,
             tail_lines=max(MIN_TAIL_LINES, settings.config.watchdog.incident_log_lines),
         )
+        bound["server_pid"] = server.pid
     except OSError as exc:
         raise ConfigError(
             f"server command {command[0]} cannot be executed: {exc.strerror or exc}"
         ) from None
+    finally:
+        started.set()
+    return server
 
 
 def record_launch(

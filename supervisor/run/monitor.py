@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from supervisor.config import RunConfig
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import Wake, WakeEvent
@@ -30,6 +32,8 @@ from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.units import MiB
 from supervisor.run.death import Death
 from supervisor.run.plugins import RunnerIO
+
+log = structlog.get_logger("supervisor.run")
 
 # Memory counts as load progress only when it passes the previous peak by this much: a loading
 # rank grows by GBs, an idle Python process wobbles by a few MiB.
@@ -67,7 +71,7 @@ class LaunchMonitor:
         self,
         server: LaunchedServer,
         *,
-        run: RunConfig,
+        run: Callable[[], RunConfig],
         expected_ranks: int,
         probe: Callable[[], HealthStatus],
         clock: Clock,
@@ -76,7 +80,7 @@ class LaunchMonitor:
         wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.server = server
-        self.run = run
+        self._run = run
         self.expected_ranks = expected_ranks
         self.clock = clock
         self.gpu_used_bytes = gpu_used_bytes
@@ -85,7 +89,7 @@ class LaunchMonitor:
         self._pool = executor or concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="health-probe"
         )
-        self._pending: concurrent.futures.Future[HealthStatus] | None = None
+        self._pending: concurrent.futures.Future[tuple[HealthStatus, float]] | None = None
         self._last_probe_s = float("-inf")
         self.watch = StartupWatch.begin(clock.monotonic())
         self.state = ServerState.LAUNCHING
@@ -94,6 +98,11 @@ class LaunchMonitor:
         self.ready_since_s: float | None = None
         self._tree: tuple[ProcessInfo, ...] = ()
         self._scanned_s = float("-inf")
+
+    @property
+    def run(self) -> RunConfig:
+        """The [run] settings, read at each use: a reload (SIGHUP) applies at the next tick."""
+        return self._run()
 
     @property
     def tick_s(self) -> float:
@@ -191,7 +200,7 @@ class LaunchMonitor:
     def _maybe_probe(self, now: float, interval_s: float) -> None:
         if self._pending is None and now - self._last_probe_s >= interval_s:
             self._last_probe_s = now
-            self._pending = self._pool.submit(self._probe)
+            self._pending = self._pool.submit(self._timed_probe)
             # The answer wakes the run loop at once, not at its next tick.
             self._pending.add_done_callback(lambda _done: self._wake())
 
@@ -200,9 +209,18 @@ class LaunchMonitor:
             return None
         future, self._pending = self._pending, None
         try:
-            return future.result()
+            answer, duration_s = future.result()
         except Exception:  # noqa: BLE001 - a probe bug counts as a failed check, never a crash
-            return HealthStatus.ERROR
+            answer, duration_s = HealthStatus.ERROR, None
+        # Each probe is a debug event: below the usual level, but the metrics see it (the tap).
+        state = self.state.value
+        log.debug("health_check", result=answer.value, duration_s=duration_s, state=state)
+        return answer
+
+    def _timed_probe(self) -> tuple[HealthStatus, float]:
+        started_s = self.clock.monotonic()
+        answer = self._probe()
+        return answer, round(self.clock.monotonic() - started_s, 6)
 
 
 def gpu_used_on(gpus: tuple[GpuState, ...] | None, indices: tuple[int, ...]) -> int:
@@ -211,7 +229,7 @@ def gpu_used_on(gpus: tuple[GpuState, ...] | None, indices: tuple[int, ...]) -> 
 
 
 def monitor_for(
-    server: LaunchedServer, io: RunnerIO, run: RunConfig, plan: LaunchPlan
+    server: LaunchedServer, io: RunnerIO, run: Callable[[], RunConfig], plan: LaunchPlan
 ) -> LaunchMonitor:
     """The monitor of one launch, wired to the runner's probe, GPUs, executor and queue."""
     sensor = io.sensor

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from supervisor.config import RunSettings
 from supervisor.core.checks import FitReport
 from supervisor.core.events import Event
 from supervisor.core.lifecycle import HealthStatus
@@ -51,6 +52,8 @@ class LaunchInfo:
 ComponentFactory = Callable[[ServerHandle, Callable[[Event], None], LaunchInfo], Component | None]
 # Told the outcome of every GPU release wait (ok or not) before a failed one ends the run.
 ReleaseHook = Callable[[ReleaseResult], None]
+# Told the settings a reload (SIGHUP) put in force, to apply what they read at once.
+ReloadHook = Callable[[RunSettings], None]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +72,9 @@ class RunnerIO:
     reservations: Reservations | None = None  # the host-wide ledger; None: not kept
     # Removes the /dev/shm segments a gone tree left (its members seen: pid -> start ticks).
     sweep_shm: Callable[[Mapping[int, int]], object] = lambda _seen: None
+    # The settings read again from the config file (SIGHUP); raises SupervisorError on a bad
+    # one. None: nothing to re-read (no --config).
+    reload_settings: Callable[[], RunSettings] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,3 +84,4 @@ class Plugins:
     components: Sequence[ComponentFactory] = ()
     death_hooks: Sequence[DeathHook] = ()
     release_hooks: Sequence[ReleaseHook] = ()
+    reload_hooks: Sequence[ReloadHook] = ()

@@ -18,12 +18,10 @@ from typing import Any
 import structlog
 
 from supervisor.config import RunSettings
-from supervisor.core.backoff import RestartBudget
 from supervisor.core.checks import FitReport
 from supervisor.core.events import (
     KillReason,
     MemoryAction,
-    SignalAction,
     SignalEvent,
     Wake,
     WakeEvent,
@@ -35,7 +33,7 @@ from supervisor.core.ports import LaunchedServer
 from supervisor.core.redact import Redactor, secret_values
 from supervisor.core.sglang_args import redact_argv
 from supervisor.errors import SupervisorError
-from supervisor.run import launch
+from supervisor.run import launch, override, reload
 from supervisor.run.death import (
     Death,
     DeathReport,
@@ -43,12 +41,12 @@ from supervisor.run.death import (
     kill_and_classify,
     wait_tree_gone,
 )
-from supervisor.run.events import EventClock, StopRequested
+from supervisor.run.events import EventClock, StopRequested, extension_margin_s
 from supervisor.run.gpu_wait import GpuRelease
 from supervisor.run.leftovers import clean_leftovers
 from supervisor.run.monitor import LaunchMonitor, monitor_for
 from supervisor.run.plugins import Component, LaunchInfo, Plugins, RunnerIO
-from supervisor.run.restart import decide_restart
+from supervisor.run.restart import decide_restart, restore_budget
 from supervisor.run.state import StateStore
 
 log = structlog.get_logger("supervisor.run")
@@ -72,7 +70,12 @@ class Runner:
         self.events = io.events
         self.notifier = io.notifier
         self.wait_clock = EventClock(
-            io.clock, io.events, on_tick=self._feed_watchdog, on_signal=self.answer_signal
+            io.clock,
+            io.events,
+            on_tick=self._feed_watchdog,
+            on_signal=self.answer_signal,
+            extend=self.notifier.extend_timeout,
+            extend_margin_s=extension_margin_s(settings.config.gpu),
         )
         self.plan = settings.reader.plan(settings.server_args)
         self.release = GpuRelease(
@@ -90,12 +93,12 @@ class Runner:
         self.fit: FitReport | None = None
         self.run_id = ""
         self.state = ServerState.STOPPED
-        self.budget = RestartBudget(self.run_cfg.backoff_policy())
+        self.budget = restore_budget(store.load(), self.run_cfg.backoff_policy(), io.clock)
         # The server inherits this process's environment too (systemd's Environment=).
         environment = {**os.environ, **settings.config.server.env}
         self.redact = Redactor(secret_values(self.plan, environment))
         self._last_ping_s = self._last_reap_s = self._last_pin_s = float("-inf")
-        self._launched_argv: tuple[str, ...] | None = None
+        self.launched_argv: tuple[str, ...] | None = None
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -106,8 +109,10 @@ class Runner:
             self.wait_clock.poll()  # a stop that came during start-up: no launch at all
             while True:
                 death = self.supervise_once()
-                if death is None:
+                if death is None and not reload.relaunch_after_reload(self):
                     return 0
+                if death is None:
+                    continue
                 delay_s = self.decide_restart(death)
                 if not self.backoff(delay_s):
                     return 0
@@ -117,7 +122,7 @@ class Runner:
             return 0
         except SupervisorError as exc:  # every fatal end leaves one `fatal` event with its reason
             reason, *rest = str(exc).splitlines() or [""]
-            extra = {"detail": "\n".join(rest)} if rest else {}
+            extra = {"detail": "\n".join(rest)} if rest and not exc.detail_logged else {}
             self.set_state(ServerState.FATAL, exit_code=int(exc.exit_code), reason=reason, **extra)
             exc.logged = True
             raise
@@ -136,7 +141,7 @@ class Runner:
             info = LaunchInfo(
                 run_id=self.run_id, argv=argv, plan=self.settings.reader.plan(argv), fit=self.fit
             )
-            monitor = monitor_for(server, self.io, self.run_cfg, self.plan)
+            monitor = monitor_for(server, self.io, lambda: self.run_cfg, self.plan)
             oom_kills_at_launch = self.io.processes.oom_kill_count()
             for factory in self.plugins.components:
                 if (component := factory(server, self.events.put, info)) is not None:
@@ -169,10 +174,9 @@ class Runner:
             event = self.events.get(wait_s)
             wait_s = monitor.tick_s
             if isinstance(event, SignalEvent):
-                if not event.stops:
-                    self.answer_signal(event)
+                if not event.stops and not self.answer_signal(event):
                     continue
-                self.stop_reason = event.name
+                self.stop_reason = event.name if event.stops else reload.RELOAD_STOP
                 return None
             if isinstance(event, WatchdogEvent):
                 log.warning("component_event", action=event.action.value, reason=event.reason)
@@ -214,9 +218,9 @@ class Runner:
     def prepare_argv(self) -> tuple[str, ...]:
         """The argv of this launch: the watchdog's override, then the pre-flight gate (first
         launch, and whenever the argv changed). Its report travels with the launch."""
-        argv = launch.apply_override(self.settings.server_args, self.store.load())
+        argv = override.launch_override(self.settings, self.store, self.clock.wall())
         book = self.io.reservations
-        if self._launched_argv is None or argv != self._launched_argv:
+        if self.launched_argv is None or argv != self.launched_argv:
             argv, self.fit = launch.preflight_gate(self.settings, argv, self.io.sensor, book)
         elif book is not None and self.fit is not None and self.fit.host_required_bytes:
             book.set(self.fit.host_required_bytes)  # a relaunch pins it all over again
@@ -237,7 +241,7 @@ class Runner:
             supervisor_mark=processes.self_mark(),
             on_line=self.sizing.feed,
         )
-        self._launched_argv = argv
+        self.launched_argv = argv
         server.watch_exits(lambda: self.events.put(WakeEvent(Wake.TREE_CHANGED)))
         structlog.contextvars.bind_contextvars(server_pid=server.pid)
         log.info("server_launched", pid=server.pid, pgid=server.pgid, mode=server.mode)
@@ -260,7 +264,7 @@ class Runner:
             # Recorded before `ready` is announced, so whoever reacts to it finds every PID.
             launch.record_tree(self.store, monitor.server)
             measured, at = self.sizing.measurement(), self.clock.wall()
-            launch.record_measurement(self.settings, self.fit, self._launched_argv, measured, at)
+            launch.record_measurement(self.settings, self.fit, self.launched_argv, measured, at)
             if self.io.reservations is not None:
                 self.io.reservations.drop()  # all pinned: MemAvailable shows it from now on
         self.set_state(new)
@@ -347,8 +351,10 @@ class Runner:
         worker = self.plan.node_rank >= 1
         grace_s = self.run_cfg.worker_stop_grace_s if worker else self.run_cfg.stop_grace_s
         self.set_state(ServerState.STOPPING, reason=self.stop_reason, grace_s=grace_s)
-        self.notifier.stopping(f"stopping (run {self.run_id})")
+        if self.stop_reason != reload.RELOAD_STOP:  # a reload's relaunch: the unit stays up
+            self.notifier.stopping(f"stopping (run {self.run_id})")
         pids = drain_then_kill(server, grace_s, self.clock, self.events, self._feed_watchdog)
+        self.stopped_pids = pids
         self.set_state(ServerState.STOPPED, pids=list(pids))
 
     # -- helpers -------------------------------------------------------------------------
@@ -382,13 +388,9 @@ class Runner:
         self._last_pin_s = now
         book.set(self.fit.host_required_bytes or 0, pinned_bytes)
 
-    def answer_signal(self, event: SignalEvent) -> None:
-        """SIGHUP and SIGUSR1: the server is left as it is either way."""
-        if event.action is SignalAction.STATUS:
-            restarts = self.budget.total_restarts
-            log.info("status", state=self.state.value, restart_count=restarts, run_id=self.run_id)
-        else:
-            log.warning("signal_ignored", signal=event.name, detail="the server is untouched")
+    def answer_signal(self, event: SignalEvent) -> bool:
+        """SIGUSR1 and SIGHUP (run/reload.py); True: relaunch the server for a new config."""
+        return reload.answer_signal(self, event)
 
     def _status_line(self) -> str:
         return f"{self.state.value}; restarts {self.budget.total_restarts}; run {self.run_id}"

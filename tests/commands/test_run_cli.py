@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.cli import main
-from supervisor.commands.run import merge_run_config
+from supervisor.commands.run_options import merge_run_config, with_model_facts
 from supervisor.config import RunConfig, load_config, read_toml
 from supervisor.errors import ConfigError
 
@@ -49,6 +49,10 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
         # A misspelt option before -- is the supervisor's, never forwarded to SGLang.
         ("", ["--helth-interval", "1s"], "No such option '--helth-interval'"),
         ("[run]\nkeep_files = 0\n", [], "run.keep_files"),
+        ("", ["--weights", "lots"], "--weights"),
+        ('[server]\nuser = "no-such-user-xyz"\n', [], "config key server.user: no such user"),
+        ('[server]\nuser = "nobody"\ngroup = "no-such-grp"\n', [], "server.group: no such group"),
+        ('[server]\ngroup = "nogroup"\n', [], "config key server.group ('nogroup') needs"),
     ],
 )
 def test_bad_input_exits_2_naming_what_is_wrong(tmp_path, capsys, config, options, message):
@@ -182,6 +186,20 @@ def test_a_stop_grace_that_does_not_fit_the_units_stop_timeout_is_refused(monkey
     assert merge_run_config(RunConfig(), {"stop_grace_s": 150.0}).stop_grace_s == 150.0
     with pytest.raises(ConfigError, match=r"run.stop_grace \(151 s\).*TimeoutStopSec \(180 s"):
         merge_run_config(RunConfig(), {"stop_grace_s": 151.0})
+
+
+def test_model_config_and_weights_options_override_the_file_like_preflight_s(tmp_path, monkeypatch):
+    path = tmp_path / "run.toml"
+    path.write_text(
+        '[server]\nmodel_config = "models/a/config.json"\n[preflight]\nweights = "1GB"\n'
+    )
+    config = load_config(path)
+    assert with_model_facts(config, None, None) == config  # not given: the file's values
+    monkeypatch.chdir(tmp_path)
+    given = with_model_facts(config, Path("b/config.json"), 16_400_000_000)
+    # Relative to where the command runs, not to the config file.
+    assert given.server.model_config == str(tmp_path / "b" / "config.json")
+    assert given.preflight.weights_bytes == 16_400_000_000
 
 
 def test_command_line_overrides_the_config_file_and_unset_options_keep_it():

@@ -59,7 +59,7 @@ def stop_during_backoff(sup: Supervisor) -> None:
 
 
 SIGNALS: dict[str, tuple[Callable[[Supervisor], None], dict[str, object]]] = {
-    "SIGHUP": (answered(signal.SIGHUP, "signal_ignored"), {}),
+    "SIGHUP": (answered(signal.SIGHUP, "reloaded"), {}),  # the same file: nothing changed
     "SIGUSR1": (answered(signal.SIGUSR1, "status"), {}),
     "SIGUSR2": (answered(signal.SIGUSR2, None), {}),
     "SIGPIPE": (answered(signal.SIGPIPE, None), {}),

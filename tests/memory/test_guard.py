@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -109,10 +110,14 @@ def _fit(pool_bytes_per_rank: int) -> FitReport:
 
 def test_a_memory_kill_stores_the_shrunk_size_with_its_reason(tmp_path: Path):
     protection, store = _protection(tmp_path)
+    before_s = time.time()
     protection.on_death(_report(store, FailureKind.MEMORY_KILL))
     state = store.load()
     assert state.hicache_size_override_gb == 30
     assert "40 -> 30" in (state.override_reason or "")
+    # When it was set: [watchdog] shrink_expires counts from here.
+    assert state.override_set_at is not None
+    assert before_s <= state.override_set_at <= time.time()
     # The next kill shrinks what was launched (the override applied), not the original flag.
     shrunk = (*ARGV[:-1], "30")
     protection.on_death(_report(store, FailureKind.MEMORY_KILL, shrunk))

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
+import structlog
 from structlog.testing import capture_logs
 
+from supervisor import log as sup_log
 from supervisor.adapters.host import HostProbe, HostReadError
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import KillReason, MemoryAction, WatchdogEvent
@@ -346,3 +351,46 @@ def test_the_incident_keeps_as_many_server_lines_as_configured(tmp_path: Path):
     dog.tick()
     data = json.loads(Path(events[0].incident_path or "").read_text())
     assert data["server_log_tail"] == ["HF_TOKEN=*** set"]
+
+
+@pytest.fixture
+def tapped() -> Iterator[list[dict[str, Any]]]:
+    """Every event as the production log's tap sees it (contextvars merged)."""
+    seen: list[dict[str, Any]] = []
+    sup_log.configure_logging("json", "info", stream=io.StringIO())
+    structlog.contextvars.clear_contextvars()
+
+    def sink(event: Mapping[str, Any]) -> None:
+        seen.append(dict(event))
+
+    sup_log.add_sink(sink)
+    try:
+        yield seen
+    finally:
+        sup_log.remove_sink(sink)
+        structlog.reset_defaults()
+
+
+def test_events_of_the_watchdog_thread_name_the_run_and_the_server(
+    tmp_path: Path, tapped: list[dict[str, Any]]
+):
+    """The main loop's contextvars do not reach the thread: the watchdog binds its own."""
+    dog, _events, _clock = make(FakeTree(shmem=60 * GB), tmp_path)
+    dog.start()
+    assert dog._thread is not None
+    dog._thread.join(timeout=30)
+    names = [e["event"] for e in tapped]
+    assert names[:2] == ["watchdog_started", "server_killed"]
+    assert {"incident_written", "server_tree_gone"} <= set(names)  # incident.py's, in the thread
+    assert [(e["run_id"], e["server_pid"]) for e in tapped] == [("run-1", 1000)] * len(tapped)
+
+
+def test_memory_report_names_the_run_and_server_and_keeps_bytes_as_integers(
+    tmp_path: Path, tapped: list[dict[str, Any]]
+):
+    dog, _events, _clock = make(FakeTree(), tmp_path)
+    dog.tick()
+    report = next(e for e in tapped if e["event"] == "memory_report")
+    assert (report["run_id"], report["server_pid"]) == ("run-1", 1000)
+    assert isinstance(report["available_bytes"], int)
+    assert report["tree_charged_bytes"] == FakeTree().charged()

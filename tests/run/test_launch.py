@@ -1,5 +1,5 @@
 """run.launch: the server's command and environment, the pre-flight gate with --auto-size and
---force, the watchdog's override, and a command that cannot start."""
+--force, and a command that cannot start."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from supervisor.core.ledger import Reservation
 from supervisor.core.sglang_args import parse_launch_args
 from supervisor.errors import ConfigError, PreflightFailed
 from supervisor.run.launch import (
-    apply_override,
     check_server_command,
     describe_settings,
     preflight_gate,
@@ -22,7 +21,6 @@ from supervisor.run.launch import (
     server_env,
     start_server,
 )
-from supervisor.run.state import RunState
 from tests.fakes import FakeLauncher, FakeLedger
 from tests.run.runner_support import ARGS, settings
 
@@ -65,15 +63,6 @@ def test_the_server_environment_carries_the_markers_and_never_systemd_s_socket(t
 def test_auto_backend_is_resolved_without_loading_nvml():
     assert resolve_gpu_backend("sim") == "sim"
     assert resolve_gpu_backend("auto") in ("nvml", "none")
-
-
-def test_the_override_replaces_the_size_in_place_and_says_so():
-    state = RunState(hicache_size_override_gb=30, override_reason="memory kill")
-    with capture_logs() as logs:
-        argv = apply_override(ARGS, state)
-    assert argv[-2:] == ("--hicache-size", "30")
-    assert logs[0]["event"] == "hicache_override_applied"
-    assert apply_override(ARGS, RunState()) == ARGS
 
 
 def test_the_gate_passes_a_fit_and_refuses_a_no_fit_with_the_table(tmp_path: Path):
