@@ -56,6 +56,7 @@ sed "s#^ExecStart=/opt/sglang-supervisor/.venv/bin/sglang-supervisor #ExecStart=
   "$here/systemd/sglang-supervisor@.service" >"$unit_dir/sglang-supervisor@.service"
 chmod 0644 "$unit_dir/sglang-supervisor@.service"
 install -m 0644 "$here/README.md" "$doc_dir/README.md" # the unit's Documentation=
+mkdir -p "$doc_dir/docs" && install -m 0644 "$here"/docs/*.md "$doc_dir/docs/"  # the README links them
 
 config="$conf_dir/$name.toml"
 if [ ! -e "$config" ]; then

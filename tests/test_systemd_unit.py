@@ -63,6 +63,10 @@ def test_install_points_execstart_at_the_venv_and_writes_a_loadable_config(tmp_p
     config = tmp_path / "etc" / "sglang-supervisor" / "t1.toml"
     # The unit passes --name t1: the file says the same, so `reset-state --config` finds it.
     assert load_config(config).run.name == "t1"
+    installed_docs = tmp_path / "usr/share/doc/sglang-supervisor/docs"
+    assert (installed_docs / "operating.md").read_bytes() == (
+        ROOT / "docs/operating.md"
+    ).read_bytes()
     assert (tmp_path / "usr/share/doc/sglang-supervisor/README.md").read_bytes() == (
         ROOT / "README.md"
     ).read_bytes()
