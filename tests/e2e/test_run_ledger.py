@@ -41,8 +41,17 @@ def test_a_loading_instance_is_counted_by_another_preflight_until_it_stops(
     state_dir = tmp_path / "state"
     ledger_dir = state_dir / "ledger"
     scenario = {"startup_s": 120.0}  # loads until the test stops it
+    # A plan well above what the simulated tree really holds (tens of MiB of interpreters):
+    # with the shrunk default overheads the tree "pins" its whole plan at the first reading and
+    # has nothing outstanding for a neighbour to count.
+    plan = {"preflight": {"per_rank_overhead": "1GiB"}}
     with supervisor(
-        tmp_path, free_port, simulated_process_guard, scenario=scenario, state_dir=state_dir
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        scenario=scenario,
+        state_dir=state_dir,
+        overrides=plan,
     ) as sup:
         sup.wait_event("loading")
         [mine] = entries(ledger_dir)
