@@ -199,10 +199,11 @@ def preflight(
 
 
 # Where --print-args tells the shell to take each secret from: printing the key would leak it,
-# printing *** would launch with the key "***".
+# printing *** would launch with the key "***". Plain shell variables of the operator's (SGLang
+# reads no environment variable for its keys).
 SECRET_ENV: dict[str, str] = {
-    "--api-key": "SGLANG_API_KEY",
-    "--admin-api-key": "SGLANG_ADMIN_API_KEY",
+    "--api-key": "API_KEY",
+    "--admin-api-key": "ADMIN_API_KEY",
 }
 _SECRET_TOKEN = re.compile(r"^(--(?:admin-)?api-key)=")
 
@@ -236,7 +237,7 @@ def print_launch_line(report: FitReport, argv: tuple[str, ...]) -> int:
     if names:
         click.echo(
             f"sglang-supervisor: export {' and '.join(names)} before running this line "
-            "(it reads the API keys from the environment)",
+            "(the line takes the API keys from these shell variables)",
             err=True,
         )
     return int(ExitCode.OK)

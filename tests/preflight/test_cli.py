@@ -46,10 +46,10 @@ def test_print_args_substitutes_the_safe_size_in_place_and_hides_secrets(capsys)
     assert code == 0
     line = out.strip()
     assert line.endswith(
-        '--enable-hierarchical-cache --hicache-size=49 --api-key "$SGLANG_API_KEY" --port 30001'
+        '--enable-hierarchical-cache --hicache-size=49 --api-key "$API_KEY" --port 30001'
     )
     assert "s3cret" not in out + err
-    assert "export SGLANG_API_KEY" in err
+    assert "export API_KEY" in err
 
 
 def test_print_args_when_nothing_fits_exits_1(capsys):

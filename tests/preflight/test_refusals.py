@@ -110,14 +110,14 @@ def test_print_args_writes_secrets_as_shell_variables(capsys):
     assert code == 0
     line = out.strip()
     assert line.endswith(
-        '--hicache-size 49 --api-key "$SGLANG_API_KEY" --admin-api-key="$SGLANG_ADMIN_API_KEY"'
+        '--hicache-size 49 --api-key "$API_KEY" --admin-api-key="$ADMIN_API_KEY"'
     )
     assert "s3cret" not in out + err
     assert err.count("\n") == 1
-    assert "SGLANG_API_KEY" in err
-    assert "SGLANG_ADMIN_API_KEY" in err
+    assert "API_KEY" in err
+    assert "ADMIN_API_KEY" in err
     # The shell gives the server the keys from the environment, each as one word.
-    env = {"SGLANG_API_KEY": "k 1", "SGLANG_ADMIN_API_KEY": "k*2", "PATH": os.environ["PATH"]}
+    env = {"API_KEY": "k 1", "ADMIN_API_KEY": "k*2", "PATH": os.environ["PATH"]}
     words = subprocess.run(
         ["bash", "-c", f"printf '%s\\n' {line}"], env=env, capture_output=True, text=True
     ).stdout.splitlines()
