@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from supervisor.atomic_file import NotRegularFile, open_regular
 from supervisor.errors import ConfigError
 
 
@@ -29,44 +29,6 @@ class ModelInfo:
     # Bytes of each tensor, from the shards' headers (None: no readable shard on this host).
     tensor_bytes: Mapping[str, int] | None = None
     model_dir: str | None  # None: the model itself is not on this host (planning another box)
-
-
-class NotRegularFile(OSError):
-    """A path that is a FIFO, a directory or a device where a file was expected."""
-
-
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _check_regular(mode: int) -> None:
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "not a plain file")
-        raise NotRegularFile(f"not a regular file ({kind})")
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """Open `path` for reading, a regular file only: reading a FIFO blocks until a writer comes
-    (for ever), a device may never end. Checked before the open, and again on the descriptor,
-    opened without blocking, in case the path changed in between.
-
-    Raises:
-        NotRegularFile: a FIFO, directory, device or socket (its kind in the message).
-        OSError: missing or unreadable.
-    """
-    _check_regular(os.stat(path).st_mode)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        _check_regular(os.fstat(fd).st_mode)
-    except NotRegularFile:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "rb")
 
 
 def hf_cache_dirs(env: Mapping[str, str] | None = None) -> tuple[Path, ...]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from supervisor.adapters.model_config import NotRegularFile, open_regular
+from supervisor.atomic_file import NotRegularFile, open_regular
 from supervisor.errors import ConfigError
 
 _MAX_BYTES = 1 << 20  # a flags file; anything larger is a mistake, not a config

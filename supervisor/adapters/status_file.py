@@ -15,7 +15,6 @@ import errno
 import fcntl
 import json
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.procfs import ProcReader
-from supervisor.atomic_file import write_text_atomic
+from supervisor.atomic_file import open_regular, write_text_atomic
 from supervisor.core.status import Status, fold
 
 STATUS_FILE = "status.json"
@@ -110,16 +109,6 @@ class StatusPublisher:
 MAX_FILE_BYTES = 8 << 20  # an incident file with its log tail is well below this
 
 
-def _open_regular(path: Path) -> int:
-    """A read-only descriptor of `path`; OSError for anything but a regular file (a FIFO would
-    block a read forever, and `status` must never hang)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return fd
-
-
 def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> Any:
     """The JSON document in `path`.
 
@@ -128,7 +117,7 @@ def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> Any:
         OSError: not a regular file, unreadable, or larger than `max_bytes`.
         ValueError: not UTF-8 JSON (the message says where).
     """
-    with os.fdopen(_open_regular(path), "rb") as f:
+    with open_regular(path) as f:  # never a FIFO: `status` must not hang
         if os.fstat(f.fileno()).st_size > max_bytes:
             raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
         raw = f.read(max_bytes + 1)
@@ -150,15 +139,10 @@ def read_status(path: Path) -> tuple[Status | None, str | None]:
 def recorded_pid(lock_path: Path) -> int | None:
     """The PID the last supervisor to claim the state directory wrote into its lock file."""
     try:
-        fd = _open_regular(lock_path)
+        with open_regular(lock_path) as f:
+            text = os.pread(f.fileno(), 32, 0).decode("ascii", "replace").strip()
     except OSError:
         return None
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     return int(text) if text.isdigit() else None
 
 
@@ -170,20 +154,14 @@ def lock_held(lock_path: Path) -> bool:
     tell (supervisor/run/state.py claim() takes it exclusively for a supervisor's whole life).
     """
     try:
-        fd = _open_regular(lock_path)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        with open_regular(lock_path) as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     except BlockingIOError:
         return True
-    except OSError:
+    except OSError:  # missing, not a regular file, or no lock to take
         return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return False
 
 
 def is_running(pid: int, start_ticks: int) -> bool:

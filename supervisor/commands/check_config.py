@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import stat
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import click
 from click.core import ParameterSource
 
 from supervisor.adapters.clock import SystemClock
+from supervisor.atomic_file import NotRegularFile, open_regular
 from supervisor.config import RunSettings
 from supervisor.config.loader import toml_key
 from supervisor.core.checks import FitReport, Status
@@ -74,15 +74,14 @@ def peek_state(state_dir: Path) -> tuple[RunState, str | None]:
     note when it is damaged)."""
     path = state_dir / STATE_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open_regular(path) as f:
+            raw = f.read()
     except FileNotFoundError:
         return RunState(), None
+    except NotRegularFile as exc:
+        return RunState(), f"{exc}: run sets it aside and starts afresh"
     except OSError as exc:
         return RunState(), f"unreadable ({exc.strerror or exc}): run starts with a fresh state"
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return RunState(), "not a regular file: run sets it aside and starts afresh"
-        raw = f.read()
     try:
         return RunState.from_json(json.loads(raw.decode("utf-8"))), None
     except (ValueError, TypeError, KeyError) as exc:

@@ -5,9 +5,7 @@ dataclasses; sizes and durations are parsed here, at the edge, and every error n
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
-import stat
 import sys
 import types
 import typing
@@ -15,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from supervisor.atomic_file import NotRegularFile, open_regular
 from supervisor.config.sections import NumaNodeSpec, SupervisorConfig
 from supervisor.core.units import parse_duration, parse_size
 from supervisor.errors import ConfigError
@@ -125,19 +124,6 @@ def _section(cls: type[T], table: Mapping[str, Any], prefix: str) -> T:
     return cls(**kwargs)
 
 
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a plain file")
-
-
 def _read_regular(path: Path) -> bytes:
     """The bytes of `path`, a regular file only: reading a FIFO blocks until a writer comes
     (for ever), a device may never end. Checked before the open, and again on the descriptor,
@@ -147,13 +133,10 @@ def _read_regular(path: Path) -> bytes:
         ConfigError: not a regular file (its kind named), or unreadable.
     """
     try:
-        if not stat.S_ISREG(mode := os.stat(path).st_mode):
-            raise ConfigError(f"config file {path} is not a regular file ({_kind(mode)})")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
-                raise ConfigError(f"config file {path} is not a regular file ({_kind(mode)})")
+        with open_regular(path) as fh:
             return fh.read()
+    except NotRegularFile as exc:
+        raise ConfigError(f"config file {path} is {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from supervisor.adapters.model_config import open_regular
+from supervisor.atomic_file import open_regular
 from supervisor.core.measured import Record, add_record
 
 FILE_NAME = "measured-sizing.json"

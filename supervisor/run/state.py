@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import json
 import os
-import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -25,7 +23,7 @@ from typing import Any
 import structlog
 
 from supervisor.adapters.clock import SystemClock
-from supervisor.atomic_file import write_text_atomic
+from supervisor.atomic_file import open_regular, write_text_atomic
 from supervisor.config.sections import STATE_ROOT
 from supervisor.core.ports import Clock
 from supervisor.errors import ConfigError
@@ -251,10 +249,7 @@ class StateStore:
 
 
 def _read_regular(path: Path) -> bytes:
-    """The file's bytes; OSError for anything but a regular file (a FIFO would block the read
-    forever, and a start must never hang on its state file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    """The file's bytes; OSError for anything but a regular file (a start must never hang on
+    its state file)."""
+    with open_regular(path) as f:
         return f.read()
