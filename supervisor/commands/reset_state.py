@@ -8,29 +8,8 @@ from pathlib import Path
 
 import click
 
-from supervisor.config import load_config
-from supervisor.config.sections import instance_name_problem
-from supervisor.errors import ConfigError
-from supervisor.run.state import RunState, StateStore, default_state_dir
-
-
-def state_dir_for(config_path: Path | None, state_dir: Path | None, name: str | None) -> Path:
-    """--state-dir, else [run] state_dir, else /var/lib/sglang-supervisor/<name>.
-
-    Raises:
-        ConfigError: `name` is not an instance name (a '/' would nest directories, ".." climb
-            out of the state root), or the config file is bad.
-    """
-    if name is not None:
-        problem = instance_name_problem(name)
-        if problem is not None:
-            raise ConfigError(f"--name {name!r}: {problem} (the rule of [run] name)")
-    if state_dir is not None:
-        return state_dir
-    config = load_config(config_path)
-    if config.run.state_dir:
-        return Path(config.run.state_dir)
-    return default_state_dir(name or config.run.name)
+from supervisor.commands.instance import instance_options, state_dir_for
+from supervisor.run.state import RunState, StateStore
 
 
 def reset_state(store: StateStore) -> tuple[RunState, RunState]:
@@ -64,18 +43,7 @@ def reset_state(store: StateStore) -> tuple[RunState, RunState]:
 
 
 @click.command("reset-state")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Config file (its [run] name and state_dir locate the state).",
-)
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="State directory (default: [run] state_dir, else /var/lib/sglang-supervisor/<name>).",
-)
-@click.option("--name", help="Instance name when no config file is given.")
+@instance_options
 def reset_state_command(config_path: Path | None, state_dir: Path | None, name: str | None) -> None:
     """Forget the shrunk --hicache-size and the restart count of an instance."""
     directory = state_dir_for(config_path, state_dir, name)

@@ -27,7 +27,7 @@ from supervisor.adapters.status_file import (
     read_status,
     recorded_pid,
 )
-from supervisor.commands.reset_state import state_dir_for
+from supervisor.commands.instance import instance_options, state_dir_for
 from supervisor.core.load_progress import format_seconds
 from supervisor.core.status import Status, restarts_in_window
 from supervisor.run.state import LOCK_FILE, STATE_FILE
@@ -269,19 +269,8 @@ def render(out: dict[str, Any], now_s: float) -> str:
 
 
 @click.command("status")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Config file (its [run] name and state_dir locate the instance).",
-)
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="State directory (default: [run] state_dir, else /var/lib/sglang-supervisor/<name>).",
-)
-@click.option("--name", help="Instance name when no config file is given.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object (fields: README).")
+@instance_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (docs/operating.md).")
 def status_command(
     config_path: Path | None, state_dir: Path | None, name: str | None, as_json: bool
 ) -> int:
