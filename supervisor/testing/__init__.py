@@ -84,6 +84,10 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                                  output may reveal (a token, an Authorization header)
     weight_shards          8     checkpoint files "loaded" over startup_s: the first rank of node 0
                                  draws SGLang's shard meter (tqdm, "\r" redraws; progress_bar.py)
+    gpu_fault              {rank 0, after_s 0, kind "xid", code -, value -}: the rank puts a
+                           fault on its simulated GPU, as `fake_gpu inject KIND VALUE` does
+                           (kind a FAULT of `inject --help`; code the Xid for "xid", value the
+                           ACTION / NAME for "recovery-action" / "unsupported"), and carries on
 
 Processes (SGLang 0.5.23; supervisor/testing/topology.py): the main process (title unchanged)
 serves HTTP; every child is a multiprocessing "spawn" child; nobody calls setsid, so all share
@@ -225,19 +229,29 @@ removed N stale segment(s), freed X.X MiB". SGLang also unlinks pid-less familie
 cuda.shm.*, nccl-*, sem.loky-*) unconditionally; the simulation leaves them to their owners.
 
 Simulated GPUs (FAKE_GPU_STATE_DIR; details in gpu_state.py): gpus.json lists N GPUs (index,
-uuid, name, total_bytes, numa_node, baseline_used_bytes); holders/gpu<I>-pid<P>.json, one file
-per holding process, written atomically; nvml.json {"hang_s"}. A holder counts while its PID is
-alive and not a zombie; after it dies its memory stays used (PID listed) for
-gpu_release_delay_s, then is released, or with gpu_stuck stays used with no PID listed until
-`python -m supervisor.testing.fake_gpu reset INDEX|UUID` (alias: `python -m
-supervisor.testing.fake_gpu_reset INDEX|UUID`), which refuses (exit 255, nvidia-smi's
-message) while a live process holds that GPU. Read them through supervisor.testing.fake_nvml
-(pynvml-shaped), e.g. supervisor.preflight.sensors.open_sensor("sim"); with no usable state dir
-it raises pynvml's NVMLError_DriverNotLoaded, its message saying what is wrong and how to fix it.
-One command for them (supervisor/testing/fake_gpu.py; DIR defaults to $FAKE_GPU_STATE_DIR; bad
-input exits 2):
+uuid, name, total_bytes, numa_node, baseline_used_bytes, nvlink_group, per_gpu_reset, nvswitch);
+holders/gpu<I>-pid<P>.json, one file per holding process, written atomically; nvml.json
+{"hang_s"}; health/gpu<I>.json, a GPU's faults (gpu_faults.py); events.jsonl, the driver's
+event queue (gpu_events.py). A holder counts while its PID is alive and not a zombie; after it
+dies its memory stays used (PID listed) for gpu_release_delay_s, then is released, or with
+gpu_stuck stays used with no PID listed until `python -m supervisor.testing.fake_gpu reset
+INDEX|UUID` (alias: `python -m supervisor.testing.fake_gpu_reset INDEX|UUID`), which refuses
+(nvidia-smi's messages) while a live process holds one of the GPUs (exit 255), for a lost GPU
+(15), or when NVLink peers without per-GPU reset are not all named (255). Read them through
+supervisor.testing.fake_nvml (pynvml-shaped: memory and processes, health, ECC, fabric,
+recovery action, events, NVLink P2P; a lost or reset-needing GPU raises GPU_IS_LOST /
+RESET_REQUIRED, an `unsupported` call NOT_SUPPORTED), e.g.
+supervisor.preflight.sensors.open_sensor("sim"); with no usable state dir it raises pynvml's
+NVMLError_DriverNotLoaded, its message saying what is wrong and how to fix it. One command for
+them (supervisor/testing/fake_gpu.py; DIR defaults to $FAKE_GPU_STATE_DIR; bad input exits 2):
     python -m supervisor.testing.fake_gpu create N [--dir DIR] [--total-bytes SIZE]
         [--numa-nodes K] [--name NAME]      N idle GPUs (default H200, 143771 MiB, one node)
-    python -m supervisor.testing.fake_gpu reset INDEX|UUID [--dir DIR]     (exit 0, 6, 9, 255)
-    python -m supervisor.testing.fake_gpu list [--dir DIR] [--json]        GPUs and holders
+        [--nvlink-peers K] [--reset-peers-together] [--nvswitch]     NVLink groups of K GPUs
+    python -m supervisor.testing.fake_gpu reset INDEX|UUID[,...] ... [--dir DIR]
+                                                                     (exit 0, 6, 9, 15, 255)
+    python -m supervisor.testing.fake_gpu list [--dir DIR] [--json]  GPUs, holders, faults
+    python -m supervisor.testing.fake_gpu inject FAULT [VALUE] [GPU] [--gpu INDEX] [--dir DIR]
+        e.g. `inject xid 79 --gpu 2` (an Xid event; 79 loses the GPU, 48 asks for a reset),
+        `inject remap-pending 1`, `inject unsupported nvmlDeviceGetRemappedRows 1`,
+        `inject clear 1`; `inject --help` lists every fault
 """

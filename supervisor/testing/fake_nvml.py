@@ -2,22 +2,26 @@
 """A stand-in for the `pynvml` module over the simulated GPUs in FAKE_GPU_STATE_DIR.
 
 Same names, argument order and return shapes as nvidia-ml-py for the calls the supervisor makes,
-raising the real `pynvml.NVMLError_*` classes with their real codes (the classes are re-exported,
-so `except module.NVMLError` works whichever module is in use). A contract test keeps it honest.
+raising the real `pynvml.NVMLError_*` classes with their real codes. pynvml's constants, structs
+and error classes (NVML_*, nvmlEventType*, c_nvml*, NVMLError*) are pynvml's own, forwarded, so
+`except module.NVMLError` and `module.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` work whichever module
+is in use. A contract test keeps it honest. Health and ECC calls: fake_nvml_health.py; events:
+fake_nvml_events.py; a sick GPU's errors (lost, reset required, not supported): fake_nvml_core.py.
 
 No usable state dir (FAKE_GPU_STATE_DIR unset, missing, without gpus.json, or gpus.json gone or
 unreadable after nvmlInit) is a host without a driver: `NVMLError_DriverNotLoaded`, value
 NVML_ERROR_DRIVER_NOT_LOADED, whose message adds what is wrong and the command that creates
 simulated GPUs ("Driver Not Loaded: simulated GPU state dir D holds no gpus.json; create ...").
+
+NVLink: GPUs of one simulated NVLink group are linked directly, link k of a GPU to its k-th peer
+(by index); nvmlDeviceGetP2PStatus answers for P2P over NVLink only. A GPU without NVLink answers
+NOT_SUPPORTED to the NVLink calls, as a PCIe-only GPU does.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,35 +29,80 @@ import pynvml
 from pynvml import (
     NVML_ERROR_INVALID_ARGUMENT,
     NVML_ERROR_NOT_FOUND,
-    NVML_ERROR_UNINITIALIZED,
+    NVML_ERROR_NOT_SUPPORTED,
     NVMLError,
     NVMLError_DriverNotLoaded,
+    NVMLError_GpuIsLost,
     NVMLError_InvalidArgument,
     NVMLError_NotFound,
     NVMLError_NotSupported,
+    NVMLError_ResetRequired,
+    NVMLError_Timeout,
     NVMLError_Uninitialized,
     nvmlMemory_v2,
 )
 
+from supervisor.testing import fake_nvml_core as core
 from supervisor.testing import gpu_state
+from supervisor.testing.fake_nvml_core import Handle, SimDriverNotLoaded, set_state_dir
+from supervisor.testing.fake_nvml_events import (
+    SimEventData,
+    nvmlDeviceGetSupportedEventTypes,
+    nvmlDeviceRegisterEvents,
+    nvmlEventSetCreate,
+    nvmlEventSetFree,
+    nvmlEventSetWait,
+    nvmlEventSetWait_v2,
+)
+from supervisor.testing.fake_nvml_health import (
+    nvmlDeviceGetFieldValues,
+    nvmlDeviceGetGpuFabricInfo,
+    nvmlDeviceGetGpuFabricInfoV,
+    nvmlDeviceGetPersistenceMode,
+    nvmlDeviceGetRemappedRows,
+    nvmlDeviceGetRetiredPagesPendingStatus,
+    nvmlDeviceGetTotalEccErrors,
+)
 
 __all__ = [
     "NVMLError",
     "NVMLError_DriverNotLoaded",
+    "NVMLError_GpuIsLost",
     "NVMLError_InvalidArgument",
     "NVMLError_NotFound",
     "NVMLError_NotSupported",
+    "NVMLError_ResetRequired",
+    "NVMLError_Timeout",
     "NVMLError_Uninitialized",
+    "SimDriverNotLoaded",
+    "SimEventData",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetCount",
     "nvmlDeviceGetCpuAffinity",
+    "nvmlDeviceGetFieldValues",
+    "nvmlDeviceGetGpuFabricInfo",
+    "nvmlDeviceGetGpuFabricInfoV",
     "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetHandleByUUID",
     "nvmlDeviceGetMemoryAffinity",
     "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetName",
     "nvmlDeviceGetNumaNodeId",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetPersistenceMode",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetSupportedEventTypes",
+    "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetUUID",
+    "nvmlDeviceRegisterEvents",
+    "nvmlEventSetCreate",
+    "nvmlEventSetFree",
+    "nvmlEventSetWait",
+    "nvmlEventSetWait_v2",
     "nvmlInit",
     "nvmlMemory_v2",
     "nvmlShutdown",
@@ -64,144 +113,124 @@ __all__ = [
 # pynvml reports "not available" per-process memory (WDDM, some containers) as None.
 _INSTANCE_ID_NONE = 0xFFFFFFFF
 DRIVER_VERSION = "570.0 (simulated)"
-
-_lock = threading.Lock()
-_refcount = 0
-_state_dir: Path | None = None
-_explicit_dir: Path | None = None
+_NVLINKS_PER_GPU = 18  # Hopper: 18 NVLink 4 links
+_PCI_DEVICE_ID = 0x233510DE  # H200 SXM, vendor NVIDIA
+_FORWARDED = ("NVML_", "NVMLError", "nvml", "c_nvml")
 
 
-class SimDriverNotLoaded(NVMLError_DriverNotLoaded):  # type: ignore[misc]  # pynvml is untyped
-    """pynvml's DriverNotLoaded (same class tree, same `.value`) with the reason in its message.
-
-    pynvml's own message is only "Driver Not Loaded"; a test bed that is merely misconfigured
-    must say so, and how to fix it.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"{super().__str__()}: {self.reason}"
-
-
-def _no_driver(directory: Path | None) -> SimDriverNotLoaded:
-    return SimDriverNotLoaded(gpu_state.state_dir_problem(directory) or "no simulated GPUs")
-
-
-@dataclass(frozen=True, slots=True)
-class _Handle:
-    """Opaque device handle (pynvml returns a ctypes pointer; callers only pass it back)."""
-
-    index: int
-    uuid: str
-
-
-def set_state_dir(path: Path | None) -> None:
-    """Use `path` instead of FAKE_GPU_STATE_DIR (not part of pynvml; for the sim adapter)."""
-    global _explicit_dir
-    _explicit_dir = path
-
-
-def _hang() -> None:
-    directory = _state_dir or _explicit_dir or _env_dir()
-    if directory is not None:
-        hang_s = gpu_state.nvml_hang_s(directory)
-        if hang_s > 0:
-            time.sleep(hang_s)  # a driver call stuck in D state: the caller must time it out
-
-
-def _env_dir() -> Path | None:
-    value = os.environ.get("FAKE_GPU_STATE_DIR")
-    return Path(value) if value else None
-
-
-def _dir() -> Path:
-    _hang()
-    with _lock:
-        if _refcount <= 0 or _state_dir is None:
-            raise NVMLError(NVML_ERROR_UNINITIALIZED)
-        return _state_dir
-
-
-def _gpus() -> tuple[gpu_state.SimGpu, ...]:
-    directory = _dir()
-    try:
-        return gpu_state.read_gpus(directory)
-    except (OSError, ValueError, KeyError, TypeError):
-        raise _no_driver(directory) from None  # the state dir went away under a live handle
-
-
-def _gpu(handle: _Handle) -> gpu_state.SimGpu:
-    if not isinstance(handle, _Handle):
-        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    for gpu in _gpus():
-        if gpu.uuid == handle.uuid:
-            return gpu
-    raise NVMLError(NVML_ERROR_NOT_FOUND)
+def __getattr__(name: str) -> Any:
+    """pynvml's constants, structs and error classes, as pynvml defines them; its functions
+    stay missing unless simulated here (AttributeError: a call the simulation lacks)."""
+    value = getattr(pynvml, name, None)
+    is_function = callable(value) and not isinstance(value, type)
+    if value is None or not name.startswith(_FORWARDED) or is_function:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return value
 
 
 def nvmlInit() -> None:
     """Raises NVMLError_DriverNotLoaded when no state dir is configured or readable."""
-    global _refcount, _state_dir
-    _hang()
-    directory = _explicit_dir or _env_dir()
-    if gpu_state.state_dir_problem(directory) is not None:
-        raise _no_driver(directory)
-    with _lock:
-        _state_dir = directory
-        _refcount += 1
+    core.init()
 
 
 def nvmlShutdown() -> None:
-    global _refcount
-    _dir()
-    with _lock:
-        _refcount -= 1
+    core.shutdown()
 
 
 def nvmlSystemGetDriverVersion() -> str:
-    _dir()
+    core.state_dir()
     return DRIVER_VERSION
 
 
 def nvmlDeviceGetCount() -> int:
-    return len(_gpus())
+    return len(core.gpus())
 
 
-def nvmlDeviceGetHandleByIndex(index: int) -> _Handle:
-    for gpu in _gpus():
+def nvmlDeviceGetHandleByIndex(index: int) -> Handle:
+    for gpu in core.gpus():
         if gpu.index == index:
-            return _Handle(gpu.index, gpu.uuid)
+            return Handle(gpu.index, gpu.uuid)
     raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
 
 
-def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> _Handle:
+def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> Handle:
     text = uuid.decode() if isinstance(uuid, bytes) else uuid
-    for gpu in _gpus():
+    for gpu in core.gpus():
         if gpu.uuid == text:
-            return _Handle(gpu.index, gpu.uuid)
+            return Handle(gpu.index, gpu.uuid)
     raise NVMLError(NVML_ERROR_NOT_FOUND)
 
 
-def nvmlDeviceGetUUID(handle: _Handle) -> str:
-    return _gpu(handle).uuid
+def nvmlDeviceGetUUID(handle: Handle) -> str:
+    return core.device(handle, "nvmlDeviceGetUUID")[0].uuid
 
 
-def nvmlDeviceGetName(handle: _Handle) -> str:
-    return _gpu(handle).name
+def nvmlDeviceGetName(handle: Handle) -> str:
+    return core.device(handle, "nvmlDeviceGetName")[0].name
+
+
+def _pci_info(gpu: gpu_state.SimGpu) -> Any:
+    bus_id = gpu_state.pci_bus_id(gpu.index)
+    return pynvml.nvmlPciInfo_t(
+        busIdLegacy=bus_id[4:].encode(),
+        domain=0,
+        bus=int(bus_id.split(":")[1], 16),
+        device=0,
+        pciDeviceId=_PCI_DEVICE_ID,
+        pciSubSystemId=0,
+        busId=bus_id.encode(),
+    )
+
+
+def nvmlDeviceGetPciInfo(handle: Handle) -> Any:
+    """nvmlPciInfo_t; busId as nvidia-smi prints it (00000000:18:00.0)."""
+    return _pci_info(core.device(handle, "nvmlDeviceGetPciInfo")[0])
+
+
+def _link_peer(device: Handle, link: int, call: str) -> gpu_state.SimGpu | None:
+    """The GPU at the other end of `link` (None: an inactive link)."""
+    gpu, _ = core.device(device, call)
+    if gpu.nvlink_group is None:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if not 0 <= link < _NVLINKS_PER_GPU:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    peers = gpu_state.nvlink_peers(core.gpus(), gpu)
+    return peers[link] if link < len(peers) else None
+
+
+def nvmlDeviceGetNvLinkState(device: Handle, link: int) -> int:
+    """NVML_FEATURE_ENABLED for a link to a peer, NVML_FEATURE_DISABLED for an unused one."""
+    active = _link_peer(device, link, "nvmlDeviceGetNvLinkState") is not None
+    return int(pynvml.NVML_FEATURE_ENABLED if active else pynvml.NVML_FEATURE_DISABLED)
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo(device: Handle, link: int) -> Any:
+    """The peer GPU's nvmlPciInfo_t; an inactive link is an invalid argument."""
+    peer = _link_peer(device, link, "nvmlDeviceGetNvLinkRemotePciInfo")
+    if peer is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return _pci_info(peer)
+
+
+def nvmlDeviceGetP2PStatus(device1: Handle, device2: Handle, p2pIndex: int) -> int:
+    """NVML_P2P_STATUS_OK between NVLink peers, NVML_P2P_STATUS_NOT_SUPPORTED otherwise."""
+    first, _ = core.device(device1, "nvmlDeviceGetP2PStatus")
+    second, _ = core.device(device2, "nvmlDeviceGetP2PStatus")
+    if p2pIndex not in (0, 1, 2, 3, 4):  # READ, WRITE, NVLINK, ATOMICS, PCI
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    linked = first.nvlink_group is not None and first.nvlink_group == second.nvlink_group
+    return int(pynvml.NVML_P2P_STATUS_OK if linked else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED)
 
 
 def _used_bytes(gpu: gpu_state.SimGpu) -> tuple[int, list[gpu_state.SimHolding]]:
-    holdings = [h for h in gpu_state.read_holdings(_dir()) if h.gpu_index == gpu.index]
+    holdings = [h for h in gpu_state.read_holdings(core.state_dir()) if h.gpu_index == gpu.index]
     used = gpu.baseline_used_bytes + sum(h.used_bytes for h in holdings)
     return min(used, gpu.total_bytes), holdings
 
 
-def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None) -> Any:
+def nvmlDeviceGetMemoryInfo(handle: Handle, version: int | None = None) -> Any:
     """c_nvmlMemory_t (total, free, used), or c_nvmlMemory_v2_t with `version=nvmlMemory_v2`."""
-    gpu = _gpu(handle)
+    gpu, _ = core.device(handle, "nvmlDeviceGetMemoryInfo")
     used, _ = _used_bytes(gpu)
     if not version:
         return pynvml.c_nvmlMemory_t(total=gpu.total_bytes, free=gpu.total_bytes - used, used=used)
@@ -214,9 +243,10 @@ def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None) -> Any:
     )
 
 
-def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[Any]:
+def nvmlDeviceGetComputeRunningProcesses(handle: Handle) -> list[Any]:
     """Objects with .pid and .usedGpuMemory (bytes), as pynvml's friendly objects."""
-    _, holdings = _used_bytes(_gpu(handle))
+    gpu, _ = core.device(handle, "nvmlDeviceGetComputeRunningProcesses")
+    _, holdings = _used_bytes(gpu)
     return [
         pynvml.nvmlFriendlyObject(
             {
@@ -231,22 +261,22 @@ def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[Any]:
     ]
 
 
-def nvmlDeviceGetNumaNodeId(handle: _Handle) -> int:
-    return _gpu(handle).numa_node
+def nvmlDeviceGetNumaNodeId(handle: Handle) -> int:
+    return core.device(handle, "nvmlDeviceGetNumaNodeId")[0].numa_node
 
 
-def nvmlDeviceGetMemoryAffinity(handle: _Handle, nodeSetSize: int, scope: int) -> Any:
+def nvmlDeviceGetMemoryAffinity(handle: Handle, nodeSetSize: int, scope: int) -> Any:
     """Bitmask array of NUMA nodes near the GPU (one bit: the GPU's node)."""
-    node = _gpu(handle).numa_node
+    node = core.device(handle, "nvmlDeviceGetMemoryAffinity")[0].numa_node
     mask = (ctypes.c_ulonglong * nodeSetSize)()
     if node // 64 < nodeSetSize:
         mask[node // 64] = 1 << (node % 64)
     return mask
 
 
-def nvmlDeviceGetCpuAffinity(handle: _Handle, cpuSetSize: int) -> Any:
+def nvmlDeviceGetCpuAffinity(handle: Handle, cpuSetSize: int) -> Any:
     """Bitmask array of the CPUs of the GPU's NUMA node (read from /sys when present)."""
-    node = _gpu(handle).numa_node
+    node = core.device(handle, "nvmlDeviceGetCpuAffinity")[0].numa_node
     mask = (ctypes.c_ulonglong * cpuSetSize)()
     for cpu in _node_cpus(node):
         if cpu // 64 < cpuSetSize:

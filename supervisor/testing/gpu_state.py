@@ -4,16 +4,24 @@ Layout (every file JSON, written atomically: temp file + fsync + os.replace, so 
 processes never see half a file; each holder owns its own file, so writers never contend):
 
     gpus.json                     {"gpus": [{"index", "uuid", "name", "total_bytes",
-                                   "numa_node", "baseline_used_bytes"}, ...]}
+                                   "numa_node", "baseline_used_bytes", "nvlink_group",
+                                   "per_gpu_reset", "nvswitch"}, ...]}
     holders/gpu<I>-pid<P>.json    {"gpu_index", "pid", "start_ticks", "used_bytes",
                                    "release_delay_s", "stuck", "dead_since"}
     nvml.json                     {"hang_s": S}   optional: every fake_nvml call blocks S seconds
+    health/gpu<I>.json            a GPU's faults (gpu_faults.py); absent: healthy
+    events.jsonl                  the driver's event queue (gpu_events.py)
 
 A holder is live while /proc/P exists, is not a zombie and has the recorded start time (so a
 recycled PID never counts). Once a reader sees it dead it stamps `dead_since` (wall clock); the
 memory stays used and the PID stays listed for `release_delay_s` (a real rank unpinning in D
 state), then the file is deleted, unless `stuck`: then the memory stays used, with no PID listed
 (driver-held), until `python -m supervisor.testing.fake_gpu reset INDEX` clears it.
+
+NVLink: GPUs with the same `nvlink_group` are NVLink peers (fake_nvml reports the links and P2P
+over NVLink between them). Without `per_gpu_reset` a reset must name the whole group at once, as
+nvidia-smi demands on NVSwitch boxes without Fabric Manager (and before Ampere). `nvswitch`: the
+GPU sits on an NVSwitch fabric, whose state fake_nvml reports (NOT_SUPPORTED otherwise).
 
 Made with `python -m supervisor.testing.fake_gpu create N --dir DIR` (or `create_gpus`); a
 directory without gpus.json is refused by every reader with `state_dir_problem`'s message.
@@ -34,6 +42,8 @@ from supervisor.atomic_file import write_text_atomic
 GPUS_FILE = "gpus.json"
 HOLDERS_DIR = "holders"
 NVML_FILE = "nvml.json"
+HEALTH_DIR = "health"
+EVENTS_FILE = "events.jsonl"
 # H200: 143771 MiB as NVML reports it; baseline ≈ what a driver holds when idle.
 DEFAULT_TOTAL_BYTES = 143771 * 1024 * 1024
 DEFAULT_BASELINE_USED_BYTES = 512 * 1024 * 1024
@@ -48,6 +58,9 @@ class SimGpu:
     total_bytes: int
     numa_node: int
     baseline_used_bytes: int
+    nvlink_group: int | None = None  # GPUs sharing a group are NVLink peers
+    per_gpu_reset: bool = True  # False: a reset must take the whole NVLink group at once
+    nvswitch: bool = False  # on an NVSwitch fabric (fabric state reported)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,10 +94,17 @@ def create_gpus(
     numa_nodes: int = 1,
     baseline_used_bytes: int = DEFAULT_BASELINE_USED_BYTES,
     name: str = DEFAULT_NAME,
+    nvlink_peers: int = 0,
+    per_gpu_reset: bool = True,
+    nvswitch: bool = False,
 ) -> tuple[SimGpu, ...]:
-    """Create (or replace) a state dir with `count` idle GPUs spread evenly over `numa_nodes`."""
+    """Create (or replace) a state dir with `count` idle, healthy GPUs spread evenly over
+    `numa_nodes`; with `nvlink_peers` K > 1, GPUs 0..K-1, K..2K-1, ... are NVLink peer groups."""
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / HOLDERS_DIR).mkdir(exist_ok=True)
+    for stale in (state_dir / HEALTH_DIR).glob("*.json"):
+        stale.unlink(missing_ok=True)  # replaced GPUs are healthy and have no event history
+    (state_dir / EVENTS_FILE).unlink(missing_ok=True)
     per_node = max(1, -(-count // max(1, numa_nodes)))
     gpus = tuple(
         SimGpu(
@@ -94,6 +114,9 @@ def create_gpus(
             total_bytes=total_bytes,
             numa_node=i // per_node,
             baseline_used_bytes=baseline_used_bytes,
+            nvlink_group=i // nvlink_peers if nvlink_peers > 1 else None,
+            per_gpu_reset=per_gpu_reset,
+            nvswitch=nvswitch,
         )
         for i in range(count)
     )
@@ -102,6 +125,11 @@ def create_gpus(
         {"gpus": [{f: getattr(g, f) for f in SimGpu.__dataclass_fields__} for g in gpus]},
     )
     return gpus
+
+
+def pci_bus_id(index: int) -> str:
+    """Simulated GPU `index`'s PCI bus id, as NVML and nvidia-smi spell it (00000000:18:00.0)."""
+    return f"00000000:{0x18 + index * 0x10:02X}:00.0"
 
 
 def create_command(state_dir: Path | str, count: int = 8) -> str:
@@ -140,6 +168,23 @@ def read_gpus(state_dir: Path) -> tuple[SimGpu, ...]:
     """The GPUs described in `state_dir`/gpus.json (FileNotFoundError: not a state dir)."""
     raw = _read_json(state_dir / GPUS_FILE)
     return tuple(SimGpu(**g) for g in raw["gpus"])
+
+
+def nvlink_peers(gpus: Iterable[SimGpu], gpu: SimGpu) -> tuple[SimGpu, ...]:
+    """The other GPUs of `gpu`'s NVLink group (none without NVLink)."""
+    if gpu.nvlink_group is None:
+        return ()
+    return tuple(g for g in gpus if g.nvlink_group == gpu.nvlink_group and g.index != gpu.index)
+
+
+def peer_set(state_dir: Path, gpu_index: int) -> tuple[int, ...]:
+    """The indices a reset of `gpu_index` must name together: the GPU alone, or its whole NVLink
+    group when the GPUs cannot be reset one by one."""
+    gpus = read_gpus(state_dir)
+    gpu = next(g for g in gpus if g.index == gpu_index)
+    if gpu.per_gpu_reset:
+        return (gpu.index,)
+    return tuple(sorted((gpu.index, *(p.index for p in nvlink_peers(gpus, gpu)))))
 
 
 def process_start_ticks(pid: int) -> int | None:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from supervisor.testing import gpu_state, memlog, shm
+from supervisor.testing import gpu_faults, gpu_state, memlog, shm
 from supervisor.testing.progress_bar import load_shards
-from supervisor.testing.scenario import Scenario
+from supervisor.testing.scenario import Scenario, injected_value
 
 PAGE_BYTES = mmap.PAGESIZE
 _PR_SET_PDEATHSIG = 1
@@ -200,6 +200,8 @@ def _serve(spec: RankSpec, conn: Connection, keep: tuple[object, ...]) -> None:
     orphan_proc: subprocess.Popen[bytes] | None = None
     orphan_due = scenario.orphan is not None and scenario.orphan.rank == spec.rank
     hang_due = scenario.hang is not None and scenario.hang.rank == spec.rank
+    fault = scenario.gpu_fault if spec.state_dir else None
+    fault_due = fault is not None and fault.rank == spec.rank
     while True:
         if conn.poll(_TICK_S):
             handle_message(conn, obeys_shutdown=True)
@@ -224,6 +226,11 @@ def _serve(spec: RankSpec, conn: Connection, keep: tuple[object, ...]) -> None:
             orphan_proc = _start_orphan(spec)
         if orphan_proc is not None and orphan_proc.poll() is not None:
             orphan_proc = None  # reaped: the double-fork middle process, or an orphan that ended
+        if fault_due and fault is not None and age_s >= fault.after_s:
+            fault_due = False  # the driver's view changes; the rank itself carries on
+            gpu_faults.inject(
+                Path(str(spec.state_dir)), spec.gpu_index, fault.kind, injected_value(fault)
+            )
 
 
 def _crash(spec: RankSpec, sig: int | None, exit_code: int | None) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.testing import gpu_faults
+
 
 class ScenarioError(ValueError):
     """FAKE_SGLANG_SCENARIO is not valid JSON or names an unknown key / a wrong type."""
@@ -52,6 +54,17 @@ class Orphan:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GpuFault:
+    """A fault put on the rank's simulated GPU once it has served `after_s` (gpu_faults.FAULTS)."""
+
+    rank: int = 0
+    after_s: float = 0.0
+    kind: str = "xid"  # a `fake_gpu inject` FAULT
+    code: int | None = None  # the Xid, for kind "xid"
+    value: str | None = None  # the ACTION or NAME, for "recovery-action" / "unsupported"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
     startup_s: float = 0.2
     warmup_s: float = 0.1
@@ -82,6 +95,7 @@ class Scenario:
     shm_sweep: bool = False  # stale_shm_cleanup's sweep before anything starts
     log_lines: tuple[str, ...] = field(default_factory=tuple)  # printed at start, $VARs expanded
     weight_shards: int = 8  # checkpoint files rank 0's meter counts over startup_s
+    gpu_fault: GpuFault | None = None
 
 
 _NUMBER = (int, float)
@@ -126,6 +140,8 @@ def _convert(name: str, annotation: str, value: object) -> object:
         if orphan.kind not in ("setsid", "double_fork"):
             raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: kind setsid|double_fork")
         return orphan
+    if annotation.startswith("GpuFault"):
+        return _gpu_fault(name, _build(GpuFault, name, value))
     if annotation.startswith("tuple"):
         _check(name, value, (list,), "a list of strings")
         assert isinstance(value, list)
@@ -151,6 +167,31 @@ def _convert(name: str, annotation: str, value: object) -> object:
     if value < 0:
         raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: must not be negative")
     return float(value)
+
+
+def _gpu_fault(name: str, fault: GpuFault) -> GpuFault:
+    """Refuse now what the injection would refuse mid-run (a typo must not pass silently)."""
+    spec = gpu_faults.FAULTS.get(fault.kind)
+    if spec is None:
+        raise ScenarioError(
+            f"FAKE_SGLANG_SCENARIO key '{name}.kind': one of {', '.join(gpu_faults.FAULTS)}"
+        )
+    value = injected_value(fault)
+    if (spec.metavar is None) != (value is None):
+        wanted = "code" if fault.kind == "xid" else "value"
+        what = f"takes {wanted}" if spec.metavar else "takes no code or value"
+        raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: {fault.kind} {what}")
+    try:
+        spec.event(value or "")
+        spec.change(gpu_faults.SimHealth(), value or "")
+    except gpu_faults.FaultError as exc:
+        raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: {exc}") from None
+    return fault
+
+
+def injected_value(fault: GpuFault) -> str | None:
+    """The VALUE `fake_gpu inject` takes for this fault: the Xid as text, or `value`."""
+    return str(fault.code) if fault.code is not None else fault.value
 
 
 def parse_scenario(text: str | None) -> Scenario:

@@ -100,6 +100,9 @@ def test_list_shows_live_holders_and_stuck_memory_until_a_reset(tmp_path, holder
         "total_bytes": gpu_state.DEFAULT_TOTAL_BYTES,
         "used_bytes": gpu_state.DEFAULT_BASELINE_USED_BYTES,
         "holders": [],
+        "nvlink_group": None,
+        "per_gpu_reset": True,
+        "faults": [],
     }
 
 

@@ -6,7 +6,13 @@ import signal
 
 import pytest
 
-from supervisor.testing.scenario import Scenario, ScenarioError, parse_scenario
+from supervisor.testing.scenario import (
+    GpuFault,
+    Scenario,
+    ScenarioError,
+    injected_value,
+    parse_scenario,
+)
 from tests.testing.support import fake_server_env, run_fake_to_exit
 
 
@@ -52,12 +58,26 @@ def test_nested_keys_and_signal_names_are_read():
         # drain_s went away: the drain now lasts as long as requests are in flight.
         ('{"drain_s": 1}', "unknown key 'drain_s'"),
         ('{"request_s": -0.5}', "'request_s': must not be negative"),
+        ('{"gpu_fault": {"kind": "xid"}}', "'gpu_fault': xid takes code"),
+        ('{"gpu_fault": {"kind": "nope"}}', "'gpu_fault.kind': one of xid, dbe"),
+        ('{"gpu_fault": {"kind": "lost", "code": 79}}', "lost takes no code or value"),
+        ('{"gpu_fault": {"kind": "recovery-action", "value": "panic"}}', "unknown action"),
+        ('{"gpu_fault": {"kind": "xid", "code": "79"}}', "'gpu_fault.code': expected an int"),
     ],
 )
 def test_bad_scenarios_are_refused_naming_the_problem(text, named):
     with pytest.raises(ScenarioError) as info:
         parse_scenario(text)
     assert named in str(info.value)
+
+
+def test_a_gpu_fault_is_read_with_its_value_as_fake_gpu_inject_takes_it():
+    scenario = parse_scenario('{"gpu_fault": {"after_s": 2, "kind": "xid", "code": 79, "rank": 1}}')
+    assert scenario.gpu_fault == GpuFault(rank=1, after_s=2.0, kind="xid", code=79)
+    assert injected_value(scenario.gpu_fault) == "79"
+    action = parse_scenario('{"gpu_fault": {"kind": "recovery-action", "value": "reboot"}}')
+    assert action.gpu_fault is not None
+    assert injected_value(action.gpu_fault) == "reboot"
 
 
 def test_stop_keys_default_to_quick_polls_and_sglangs_scheduler_wait():
