@@ -7,7 +7,10 @@ replaced. So: a query that misses its deadline marks the GPU state unknown (None
 alert, kills the worker, and the next queries answer None at once until `retry_after_s` has
 passed. The memory watchdog never queries: it reads `last_snapshot()`, which never blocks.
 
-Worker protocol (stdin/stdout, one JSON line each): "read" -> {"gpus": [...]} or {"gpus": null}.
+Worker protocol (stdin/stdout, one JSON line each): "read" -> {"gpus": [...]} or {"gpus": null};
+"events MS" -> {"events": [...], "unwatched": [...]} (adapters/nvml_events.py: the driver events
+since the last request, waiting up to MS milliseconds for the first); "health" ->
+{"health": {...}} or {"health": null} (adapters/nvml_health.py: every GPU's health read).
 The worker imports the pynvml-shaped module it is told to (`--module`; the shell names the
 simulation's when the `sim` backend is chosen).
 """
@@ -31,8 +34,10 @@ from typing import Any
 
 import structlog
 
+from supervisor.adapters import nvml_events, nvml_health
 from supervisor.adapters.nvml import open_gpu_sensor
 from supervisor.adapters.processes import own_child, spawning
+from supervisor.core.gpu_health import GpuEvent, HealthSnapshot
 from supervisor.core.readings import GpuProcess, GpuState
 
 log = structlog.get_logger("supervisor.gpu_guard")
@@ -107,6 +112,8 @@ class GuardedGpuSensor:
         self._lock = threading.Lock()
         self._last: tuple[float, tuple[GpuState, ...] | None] | None = None
         self.hangs = 0
+        self._unwatched: set[tuple[int | None, str]] = set()  # logged once each
+        self._unknown_logged: set[str] = set()  # health fields NVML could not report
 
     def last_snapshot(self) -> tuple[float, tuple[GpuState, ...] | None] | None:
         """(monotonic time, GPUs or None) of the latest query; never blocks, never queries."""
@@ -166,7 +173,46 @@ class GuardedGpuSensor:
             own_child(worker)
         return worker
 
+    def read_events(self, wait_ms: int = 0) -> tuple[GpuEvent, ...] | None:
+        """Driver events since the last call (waiting up to `wait_ms` for one); None: unknown."""
+        with self._lock:
+            self._reap_abandoned()
+            if time.monotonic() < self._retry_at:
+                return None
+            line = self._ask(f"events {int(wait_ms)}")
+        return None if line is None else nvml_events.events_from_answer(line, self._unwatched)
+
+    def read_health(self) -> HealthSnapshot | None:
+        """Every GPU's health; None: unknown (NVML hung or failed). A field NVML cannot
+        report is logged once per field (`gpu_health_unknown`)."""
+        with self._lock:
+            self._reap_abandoned()
+            if time.monotonic() < self._retry_at:
+                return None
+            line = self._ask("health")
+        if line is None:
+            return None
+        try:
+            snapshot = nvml_health.health_from_json(json.loads(line)["health"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        for field, reason in snapshot.unknown if snapshot is not None else ():
+            if field not in self._unknown_logged:
+                self._unknown_logged.add(field)
+                log.info("gpu_health_unknown", field=field, reason=reason, verdict="unknown")
+        return snapshot
+
     def _query(self) -> tuple[GpuState, ...] | None:
+        line = self._ask("read")
+        if line is None:
+            return None
+        try:
+            return _from_json(line)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _ask(self, request: str) -> str | None:
+        """One request to the worker (started if need be); its answer line, None when hung."""
         if self._worker is None or self._worker.poll() is not None:
             self._worker = self._start()
         worker = self._worker
@@ -174,7 +220,7 @@ class GuardedGpuSensor:
             raise RuntimeError("gpu worker started without pipes")
         deadline = self.timeout_s if self._answered else max(self.timeout_s, self.start_timeout_s)
         try:
-            worker.stdin.write("read\n")
+            worker.stdin.write(request + "\n")
             worker.stdin.flush()
             ready, _, _ = select.select([worker.stdout], [], [], deadline)
             line = worker.stdout.readline() if ready else ""
@@ -184,10 +230,7 @@ class GuardedGpuSensor:
             self._hung(worker, f"NVML query gave no answer within {deadline:g} s")
             return None
         self._answered = True
-        try:
-            return _from_json(line)
-        except (ValueError, KeyError, TypeError):
-            return None
+        return line
 
     def _hung(self, worker: subprocess.Popen[str], why: str) -> None:
         self.hangs += 1
@@ -220,15 +263,27 @@ def _serve(module: str) -> int:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     try:
-        sensor = open_gpu_sensor("nvml", module=importlib.import_module(module))
+        nvml = importlib.import_module(module)
+        sensor = open_gpu_sensor("nvml", module=nvml)
     except Exception:  # noqa: BLE001 - any failure to open NVML answers "unknown"
         sensor = None
+    # From the start: NVML delivers only the events that happen after they are registered.
+    watch = nvml_events.EventWatch(nvml) if sensor is not None else None
     for line in sys.stdin:
-        if line.strip() != "read":
+        request = line.split()
+        if request[:1] == ["events"] and len(request) == 2 and request[1].isdigit():
+            answer = json.dumps(nvml_events.answer(watch, int(request[1])))
+        elif request == ["read"]:
+            answer = _to_json(sensor.read_gpus() if sensor is not None else None)
+        elif request == ["health"]:
+            health = sensor.read_health() if sensor is not None else None
+            answer = json.dumps({"health": nvml_health.health_to_json(health)})
+        else:
             continue
-        gpus = sensor.read_gpus() if sensor is not None else None
-        sys.stdout.write(_to_json(gpus) + "\n")
+        sys.stdout.write(answer + "\n")
         sys.stdout.flush()
+    if watch is not None:
+        watch.close()
     if sensor is not None:
         sensor.close()
     return 0

@@ -1,5 +1,6 @@
-"""Run the configured GPU reset command for one GPU: template with {index} and {uuid}, split like a
-shell would but run without one, with a timeout. Implements ports.GpuResetter.
+"""Run the configured GPU reset command for one GPU or one NVLink peer set: template with
+{index}, {uuid} and {indices}, split like a shell would but run without one, with a timeout.
+Implements ports.GpuResetter; whether a reset may run at all is core.gpu_repair's decision.
 """
 
 from __future__ import annotations
@@ -8,17 +9,18 @@ import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from supervisor.core.gpu_release import ResetOutcome
+from supervisor.core.gpu_repair import reset_words
 from supervisor.core.redact import redact_line
 
 _OUTPUT_CHARS = 500  # enough for nvidia-smi's one-line verdict, bounded for logs and incidents
 
 
-def reset_argv(template: str, index: int, uuid: str) -> list[str]:
-    """The command for one GPU: each word of the template formatted on its own (no shell)."""
-    return [word.format(index=index, uuid=uuid) for word in shlex.split(template)]
+def reset_argv(template: str, index: int, uuid: str, indices: Sequence[int] = ()) -> list[str]:
+    """The command for one GPU (`indices`: its whole peer set), each word formatted on its own."""
+    return reset_words(template, index, uuid, indices)
 
 
 def check_reset_command(template: str) -> str | None:
@@ -38,7 +40,7 @@ def check_reset_command(template: str) -> str | None:
 
 
 class CommandGpuResetter:
-    """Runs `template` per GPU; exit 0 within `timeout_s` is success."""
+    """Runs `template` per GPU or peer set; exit 0 within `timeout_s` is success."""
 
     def __init__(
         self, template: str, *, timeout_s: float = 120.0, env: Mapping[str, str] | None = None
@@ -47,8 +49,8 @@ class CommandGpuResetter:
         self.timeout_s = timeout_s
         self.env = dict(env) if env is not None else None
 
-    def reset(self, index: int, uuid: str) -> ResetOutcome:
-        argv = reset_argv(self.template, index, uuid)
+    def reset(self, index: int, uuid: str, indices: Sequence[int] = ()) -> ResetOutcome:
+        argv = reset_argv(self.template, index, uuid, indices)
         shown = redact_line(shlex.join(argv))  # a hypervisor hook may carry a token
         try:
             done = subprocess.run(  # operator-configured command, run without a shell

@@ -27,7 +27,11 @@ TEXTFILE_INTERVAL_S = 5.0
 
 
 def _labels(spec: MetricSpec) -> list[str]:
-    return ["name"] if spec.label is None else ["name", spec.label]
+    return ["name"] if spec.label is None else ["name", *spec.label.split(",")]
+
+
+def _values_of(instance: str, label: str | None) -> list[str]:
+    return [instance] if label is None else [instance, *label.split(",")]
 
 
 class _Gauges(Collector):
@@ -55,8 +59,7 @@ class _Gauges(Collector):
             family = GaugeMetricFamily(PREFIX + spec.name, spec.help, labels=_labels(spec))
             for (metric, label), value in values.items():
                 if metric == spec.name:
-                    names = [self._instance] if label is None else [self._instance, label]
-                    family.add_metric(names, value)
+                    family.add_metric(_values_of(self._instance, label), value)
             yield family
 
 
@@ -105,7 +108,7 @@ class SupervisorMetrics:
         self._apply(self._mapper.initial(version))
 
     def _label_values(self, label: str | None) -> list[str]:
-        return [self._instance] if label is None else [self._instance, label]
+        return _values_of(self._instance, label)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` (quick, never logging) after every event that changed a metric."""

@@ -1,9 +1,10 @@
 """GpuSensor over NVML: the real `pynvml`, a pynvml-shaped module the caller hands in (the
 simulation), or nothing.
 
-Thin and in-process: one read = count, handles, UUID, name, memory, compute processes, NUMA node.
-Callers that must survive a hung driver run it in a worker process with a timeout
-(adapters/gpu_guard.py). This module never names the simulation: the shell passes its module.
+Thin and in-process: one read = count, handles, UUID, name, memory, compute processes, NUMA node;
+the health read is adapters/nvml_health.py's. Callers that must survive a hung driver run it in a
+worker process with a timeout (adapters/gpu_guard.py). This module never names the simulation:
+the shell passes its module.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from supervisor.adapters.nvml_health import read_health
+from supervisor.core.gpu_health import HealthSnapshot
 from supervisor.core.ports import GpuSensor
 from supervisor.core.readings import GpuProcess, GpuState
 from supervisor.errors import ConfigError
 
 BACKENDS = ("auto", "nvml", "none")
+# nvml.h: a GPU fallen off the bus, or one waiting for a reset, fails every call of its own.
+_GPU_GONE = (15, 16)  # NVML_ERROR_GPU_IS_LOST, NVML_ERROR_RESET_REQUIRED
 
 
 class GpuBackendError(ConfigError):
@@ -28,6 +33,9 @@ class NoGpuSensor:
     """`none`: the GPUs are not watched; every read says "unknown"."""
 
     def read_gpus(self) -> tuple[GpuState, ...] | None:
+        return None
+
+    def read_health(self) -> HealthSnapshot | None:
         return None
 
     def close(self) -> None:
@@ -43,14 +51,30 @@ class NvmlGpuSensor:
         self._open = True
 
     def read_gpus(self) -> tuple[GpuState, ...] | None:
-        """Every GPU, or None when NVML fails mid-read (driver gone, GPU lost)."""
+        """Every GPU that answers, or None when NVML fails mid-read (driver gone).
+
+        A GPU that is lost or waits for a reset is left out, the others read: the health read
+        says what is wrong with it, and the release wait and pre-flight see it missing.
+        """
         nvml = self._nvml
+        gpus = []
         try:
-            return tuple(
-                self._read_one(nvml, nvml.nvmlDeviceGetHandleByIndex(i), i)
-                for i in range(nvml.nvmlDeviceGetCount())
-            )
+            for index in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    gpus.append(self._read_one(nvml, handle, index))
+                except nvml.NVMLError as exc:
+                    if getattr(exc, "value", None) not in _GPU_GONE:
+                        raise
         except nvml.NVMLError:
+            return None
+        return tuple(gpus)
+
+    def read_health(self) -> HealthSnapshot | None:
+        """Every GPU's health (adapters/nvml_health.py), None when NVML fails to count them."""
+        try:
+            return read_health(self._nvml)
+        except self._nvml.NVMLError:
             return None
 
     @staticmethod

@@ -214,6 +214,8 @@ def build_runner(
     from supervisor.adapters.ledger import open_ledger
     from supervisor.adapters.processes import SystemProcesses
     from supervisor.adapters.server_process import SubprocessLauncher
+    from supervisor.memory.incident import opener
+    from supervisor.run.gpu_events import merged, watch_plugins
     from supervisor.run.plugins import RunnerIO
     from supervisor.run.reload import live_probes
     from supervisor.run.runner import Runner
@@ -241,7 +243,8 @@ def build_runner(
         reservations=open_ledger(settings.config.preflight.ledger_dir, settings.instance),
         reload_settings=reload_settings,
     )
-    plugins = guard.plugins
+    xid_incident = opener(settings.state_dir, "gpu_xid", settings.run.keep_files)
+    plugins = merged(guard.plugins, watch_plugins(sensor, store, xid_incident))
     plugins = dataclasses.replace(plugins, reload_hooks=(*plugins.reload_hooks, *reload_hooks))
     runner = Runner(settings, store, io, plugins)
     return runner

@@ -89,7 +89,7 @@ _RUN_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
 )
 _RUN_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("auto-size", "auto_size", "On no-fit, launch with the largest --hicache-size that fits."),
-    ("force", "force", "On no-fit, launch anyway."),
+    ("force", "force", "On no-fit or a failed GPU health check, launch anyway."),
     ("kill-foreign-gpu-processes", "kill_foreign_gpu_processes", "Kill others on the GPUs."),
     (
         "restart-on-reload",

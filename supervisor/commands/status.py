@@ -230,6 +230,12 @@ def _rows(out: dict[str, Any], now_s: float) -> list[tuple[str, str]]:
     release = out.get("gpu_release")
     if release:
         rows.append(("GPU release", f"{release['state']} {release['detail']}".strip()))
+    if out.get("gpu_health"):
+        rows.append(("GPU health", _gpu_health(out["gpu_health"])))
+    if out.get("gpu_xids"):  # {"1": {"79": 1}}: "GPU 1: Xid 79 ×1"
+        per_gpu = sorted(out["gpu_xids"].items(), key=lambda item: int(item[0]))
+        counts = [(g, ", ".join(f"Xid {x} ×{n}" for x, n in xids.items())) for g, xids in per_gpu]
+        rows.append(("GPU Xids", "; ".join(f"GPU {g}: {text}" for g, text in counts)))
     for i, incident in enumerate(out["incidents"]):
         line = incident.get("problem") or (
             f"{incident.get('at')}  {incident.get('kind')}  {incident.get('summary')}"
@@ -238,6 +244,15 @@ def _rows(out: dict[str, Any], now_s: float) -> list[tuple[str, str]]:
     if out.get("updated_at"):
         rows.append(("updated", _ago(out["updated_at"], now_s)))
     return rows
+
+
+def _gpu_health(lines: dict[str, dict[str, str]]) -> str:
+    """The last health gate: "GPU 0 ok; GPU 1 fail (a row remap is pending: ...)"."""
+    shown = []
+    for gpu, line in sorted(lines.items(), key=lambda item: (len(item[0]), item[0])):
+        reason = f" ({line['reason']})" if line.get("reason") else ""
+        shown.append(f"GPU {gpu} {line.get('verdict')}{reason}")
+    return "; ".join(shown)
 
 
 def _hicache_rows(out: dict[str, Any]) -> list[tuple[str, str]]:

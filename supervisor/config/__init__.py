@@ -2,10 +2,10 @@
 
 from typing import TYPE_CHECKING, Any
 
+from supervisor.config.gpu_section import GpuConfig
 from supervisor.config.hooks import HooksConfig
 from supervisor.config.loader import load_config, read_toml
 from supervisor.config.sections import (
-    GpuConfig,
     HostConfig,
     LogConfig,
     NumaNodeSpec,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from supervisor.config.gpu_section import GpuConfig
 from supervisor.config.hooks import HooksConfig
 from supervisor.config.metrics_sections import HttpConfig, MetricsConfig
 from supervisor.core.units import GB, GiB
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from supervisor.core.backoff import BackoffPolicy
 
 STATE_ROOT = Path("/var/lib/sglang-supervisor")
-GPU_BACKENDS = ("auto", "nvml", "sim", "none")
 # No GPU SGLang serves from has less; below it the automatic fraction and the pool are nonsense.
 MIN_GPU_MEMORY_BYTES = 1 * GiB
 
@@ -308,51 +307,6 @@ class WatchdogConfig:
             raise ConfigError("config key watchdog.ramp_gb_per_second must be positive")
         if self.terminate_grace_s < 0 or self.incident_log_lines < 0:
             raise ConfigError("watchdog.terminate_grace and incident_log_lines must be >= 0")
-
-
-@dataclasses.dataclass(**_FROZEN)
-class GpuConfig:
-    """GPU access: which NVML backend, how to reset a stuck GPU."""
-
-    backend: str = "auto"  # nvml | sim | none | auto (nvml when the library loads, else none)
-    # Run for a GPU whose memory stays held with no process: {index} and {uuid} are filled in,
-    # split like a shell would (no shell runs). Bare metal: "nvidia-smi --gpu-reset -i {index}";
-    # in a VM, a hypervisor hook. Empty: never reset, exit 6 instead.
-    reset_command: str = ""
-    reset_timeout_s: float = 120.0
-    # Unpinning 243 GB after SIGKILL takes ~26 s (sglang PR #32829); allow for larger pools.
-    release_timeout_s: float = 120.0
-    release_tolerance_bytes: int = 1 * GiB  # used memory counts as released within this
-    d_state_grace_s: float = 120.0  # extra wait for holders stuck in D state
-    nvml_timeout_s: float = 5.0  # one NVML query; longer means NVML hangs (GPU state unknown)
-    # The first query: the NVML worker imports pynvml and runs nvmlInit, seconds on many GPUs
-    # without persistence mode. No answer by then is a hang too: no launch until NVML answers.
-    nvml_start_timeout_s: float = 15.0
-
-    def __post_init__(self) -> None:
-        if self.backend not in GPU_BACKENDS:
-            raise ConfigError(
-                f"config key gpu.backend must be one of {'|'.join(GPU_BACKENDS)} "
-                f"(got {self.backend!r})"
-            )
-        timeouts = ("reset_timeout_s", "release_timeout_s", "d_state_grace_s", "nvml_timeout_s")
-        for name in (*timeouts, "nvml_start_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"config key gpu.{name[:-2]} must be positive")
-        if self.reset_command:
-            try:
-                words = shlex.split(self.reset_command)
-            except ValueError as exc:
-                raise ConfigError(f"config key gpu.reset_command: {exc}") from None
-            if not words:
-                raise ConfigError("config key gpu.reset_command is blank")
-            try:
-                " ".join(words).format(index=0, uuid="GPU-0")
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError(
-                    f"config key gpu.reset_command: only {{index}} and {{uuid}} can be filled "
-                    f"in ({exc!r})"
-                ) from None
 
 
 @dataclasses.dataclass(**_FROZEN)

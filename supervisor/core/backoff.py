@@ -33,6 +33,7 @@ class RunEnd(str, Enum):
 _TERMINAL: dict[FailureKind, RunEnd] = {
     FailureKind.BAD_FLAGS: RunEnd.ARGS_REJECTED,
     FailureKind.GPU_DIRTY: RunEnd.GPU_UNRECOVERABLE,
+    FailureKind.GPU_XID_FATAL: RunEnd.GPU_UNRECOVERABLE,  # a node reboot or a drain is needed
     FailureKind.HEALTH_PATH_MISSING: RunEnd.BAD_CONFIG,
     # A load that progressed for the whole hard limit would take as long again.
     FailureKind.STARTUP_TIMEOUT: RunEnd.STARTUP_FAILED,
@@ -40,8 +41,12 @@ _TERMINAL: dict[FailureKind, RunEnd] = {
 
 
 # Not a property of the launch: host memory depends on what else runs on the host, and after a
-# memory kill restart-smaller launches with a smaller --hicache-size.
-_NOT_DETERMINISTIC = frozenset({FailureKind.MEMORY_KILL, FailureKind.KERNEL_OOM_KILLED})
+# memory kill restart-smaller launches with a smaller --hicache-size. An Xid is the GPU's or the
+# driver's, and the relaunch after one comes after a reset or onto a GPU the health gate passed;
+# a GPU that keeps failing meets the crash-loop limit instead.
+_NOT_DETERMINISTIC = frozenset(
+    {FailureKind.MEMORY_KILL, FailureKind.KERNEL_OOM_KILLED, FailureKind.GPU_XID}
+)
 
 
 def terminal_end(kind: FailureKind) -> RunEnd | None:

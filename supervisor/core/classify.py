@@ -35,6 +35,8 @@ class FailureKind(str, Enum):
     MEMORY_KILL = "memory_kill"  # the watchdog killed the group before the host ran out
     GPU_DIRTY = "gpu_dirty"  # GPU memory stayed held after the tree was gone
     HEALTH_PATH_MISSING = "health_path_missing"  # the server answers 404 on run.health_path
+    GPU_XID = "gpu_xid"  # a critical Xid / ECC error on a target GPU: group killed (core/xid.py)
+    GPU_XID_FATAL = "gpu_xid_fatal"  # the same, and only a reboot or a drain brings it back
 
 
 _HINTS: dict[FailureKind, str] = {
@@ -65,6 +67,10 @@ _HINTS: dict[FailureKind, str] = {
     "reset before SGLang can use it again",
     FailureKind.HEALTH_PATH_MISSING: "the server answers 404 on the health path: it does not "
     "exist there; set run.health_path (--health-path) to /health or /health_generate",
+    FailureKind.GPU_XID: "a target GPU reported a critical Xid or an uncorrectable ECC error; "
+    "the supervisor killed the server (the gpu_xid incident file has the details)",
+    FailureKind.GPU_XID_FATAL: "only a node reboot or a drain clears this GPU error (the gpu_xid "
+    "incident file has the details)",
 }
 
 

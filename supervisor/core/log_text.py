@@ -99,7 +99,7 @@ _TEMPLATES: dict[str, str] = {
     "signal_ignored": "{signal} ignored, the server is untouched",
     "stop_escalated": "{signal} again: no more grace, killing the server",
     "server_tree_not_gone": "server processes still there after {waited_s:secs}: {pids:list}",
-    "component_event": "watchdog {action}: {reason}",
+    "component_event": "server {action}: {reason}",
     "internal_error": "internal error (a bug; traceback follows)",
     # state, shared memory, NVML
     "state_corrupt": "state file {path} is corrupt: kept as {kept_as}, starting fresh",
@@ -140,6 +140,11 @@ _TEMPLATES: dict[str, str] = {
     "gpu_reset_started": "resetting GPU {gpu}",
     "gpu_reset_done": "GPU {gpu} reset",
     "gpu_reset_failed": "GPU {gpu} reset failed: {detail}",
+    "gpu_reset_refused": "GPU reset not run: {reason}",
+    "gpu_health_unknown": "GPU health: {field} not reported ({reason})",
+    # GPU driver events while serving (run/gpu_events.py)
+    "gpu_events_unwatched": "GPU driver events not watched: {reason}",
+    "gpu_event_watch_failed": "GPU event watch failed (a bug; traceback follows)",
 }
 
 
@@ -177,9 +182,46 @@ def _preflight_report(event: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
     return text, frozenset({"verdict", "host_required_bytes", "host_budget_bytes"})
 
 
+_GPU_EVENT_KINDS = {
+    "dbe": "double-bit ECC error",
+    "sbe": "single-bit ECC error",
+    "recovery_action": "recovery action",
+    "lost": "GPU lost",
+}
+_GPU_EVENT_THEN = {
+    "ignore": ": an application error, ignored",
+    "restart": ": killing the server to restart it",
+    "reset": ": killing the server, the GPU is reset before the relaunch",
+    "drain": ": killing the server, no relaunch (drain the GPU)",
+    "reboot": ": killing the server, no relaunch (the node needs a reboot)",
+}
+
+
+def _gpu_event(event: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
+    """'GPU 1: Xid 79 (GPU has fallen off the bus), recovery action node_reboot: killing ...'."""
+    xid, kind = event.get("xid"), str(event["kind"])
+    what = f"Xid {xid}" if xid is not None else _GPU_EVENT_KINDS.get(kind, kind)
+    text = f"GPU {event['gpu']}: {what} ({event['meaning']})"
+    if event.get("action"):
+        text += f", recovery action {event['action']}"
+    text += _GPU_EVENT_THEN.get(str(event.get("decision")), "")
+    return text, frozenset({"gpu", "xid", "kind", "meaning", "action"})
+
+
+def _gpu_health(event: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
+    """'GPU health (enforce): GPU 0 ok, GPU 1 fail (a row remap is pending: needs a reset)'."""
+    shown = [
+        f"GPU {g['gpu']} {g['verdict']}" + (f" ({g['reason']})" if g.get("reason") else "")
+        for g in event["gpus"]
+    ]
+    return f"GPU health ({event['mode']}): {', '.join(shown)}", frozenset({"mode", "gpus"})
+
+
 _FUNCTIONS: dict[str, Sentence] = {
     "watchdog_limits": _watchdog_limits,
     "preflight_report": _preflight_report,
+    "gpu_event": _gpu_event,
+    "gpu_health": _gpu_health,
 }
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from supervisor.core.classify import FailureKind
+from supervisor.core.gpu_health import RecoveryAction, Verdict
 from supervisor.core.lifecycle import HealthStatus, ServerState
 
 PREFIX = "sglang_supervisor_"
@@ -29,7 +30,8 @@ class Kind(str, enum.Enum):
 class MetricSpec:
     """One metric: its name without PREFIX, type, help, label and the label values it starts
     with (a counter's known labels are exported at 0 from the start, so rate() sees the first
-    increment), and a histogram's buckets in its unit."""
+    increment), and a histogram's buckets in its unit. Several labels are comma-separated
+    ("gpu,xid"), and so are their values in an Update's `label` ("0,48")."""
 
     name: str
     kind: Kind
@@ -58,7 +60,7 @@ _KILL_RULES = (
     ("host memory available", "terminate level", "host_terminate_level"),
 )
 _KILL_REASONS = (*dict.fromkeys(rule for _, _, rule in _KILL_RULES), "other")
-_INCIDENT_KINDS = ("memory_kill", "memory_terminate", "gpu_unrecoverable")
+_INCIDENT_KINDS = ("memory_kill", "memory_terminate", "gpu_unrecoverable", "gpu_xid")
 OTHER = "other"
 
 SPECS: tuple[MetricSpec, ...] = (
@@ -138,6 +140,18 @@ SPECS: tuple[MetricSpec, ...] = (
     MetricSpec(
         "incidents_total", Kind.COUNTER, "Incident files written, by kind.", "kind", _INCIDENT_KINDS
     ),
+    MetricSpec(
+        "gpu_xid_total", Kind.COUNTER, "Xid errors the driver reported, by GPU and Xid.", "gpu,xid"
+    ),
+    MetricSpec(
+        "gpu_recovery_action",
+        Kind.GAUGE,
+        "The recovery action the driver last asked for at a GPU event (NVML's: 0 none, 1 GPU "
+        "reset, 2 node reboot, 3 drain P2P, 4 drain and reset, ...).",
+        "gpu",
+    ),
+    MetricSpec("gpu_health", Kind.GAUGE, "1: each GPU's verdict at the last gate.", "gpu,verdict"),
+    MetricSpec("gpu_remap_pending", Kind.GAUGE, "1: a row remap waits for a reset.", "gpu"),
 )
 
 
@@ -318,6 +332,41 @@ def _gpu_release(event: Mapping[str, Any]) -> list[Update]:
     return [Update("gpu_release_wait_seconds", Op.OBSERVE, elapsed_s)]
 
 
+_ACTION_CODES = {a.name.lower(): a.value for a in RecoveryAction}
+_VERDICTS = tuple(v.value for v in Verdict)
+
+
+def _small_int(value: Any, limit: int) -> str:
+    """A GPU index or an Xid as a label: an integer below `limit`, else `other`."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < limit
+    return str(value) if ok else OTHER
+
+
+def _gpu_event(event: Mapping[str, Any]) -> list[Update]:
+    gpu = _small_int(event.get("gpu"), 1024)
+    updates = []
+    if event.get("xid") is not None:
+        xid = _small_int(event.get("xid"), 1024)
+        updates.append(Update("gpu_xid_total", Op.INC, label=f"{gpu},{xid}"))
+    action = event.get("driver_action")  # NVML's own reading, not the action followed
+    code = _ACTION_CODES.get(action) if isinstance(action, str) else None
+    if code is not None:
+        updates.append(Update("gpu_recovery_action", Op.SET, float(code), gpu))
+    return updates
+
+
+def _gpu_health(event: Mapping[str, Any]) -> list[Update]:
+    """Each GPU's verdict at a health gate (1, its other verdicts 0) and its pending remap."""
+    updates = []
+    for g in (g for g in event.get("gpus") or () if isinstance(g, dict)):
+        gpu, remap = _small_int(g.get("gpu"), 1024), g.get("remap_pending")
+        is_it = {v: float(v == g.get("verdict")) for v in _VERDICTS}
+        updates += [Update("gpu_health", Op.SET, one, f"{gpu},{v}") for v, one in is_it.items()]
+        op = Op.SET if isinstance(remap, bool) else Op.UNSET  # unknown: not exported
+        updates.append(Update("gpu_remap_pending", op, float(remap is True), gpu))
+    return updates
+
+
 _HANDLERS: dict[str, Callable[[Mapping[str, Any]], list[Update]]] = {
     "memory_report": _memory,
     "memory_warn": _memory,
@@ -333,4 +382,6 @@ _HANDLERS: dict[str, Callable[[Mapping[str, Any]], list[Update]]] = {
     "incident_written": lambda e: [
         Update("incidents_total", Op.INC, label=incident_kind(e.get("kind")))
     ],
+    "gpu_event": _gpu_event,
+    "gpu_health": _gpu_health,
 }

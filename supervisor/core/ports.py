@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from supervisor.core.events import Event, KillReason
+from supervisor.core.gpu_health import HealthSnapshot
 from supervisor.core.gpu_release import ResetOutcome
 from supervisor.core.ledger import Reservation
 from supervisor.core.ownership import ProcessMarks
@@ -36,16 +37,22 @@ class GpuSensor(Protocol):
         """All GPUs, or None when the GPU state is unknown (no driver, NVML hung)."""
         ...
 
+    def read_health(self) -> HealthSnapshot | None:
+        """Every GPU's health and NVLink links (core/gpu_health.py), None when unknown."""
+        ...
+
     def close(self) -> None:
         """Release the library handle (a GPU reset needs every NVML client gone)."""
         ...
 
 
 class GpuResetter(Protocol):
-    """Resets one GPU (the configured gpu reset_command); tests pass a recording fake."""
+    """Resets one GPU or NVLink peer set (the configured gpu reset_command); tests pass a
+    recording fake."""
 
-    def reset(self, index: int, uuid: str) -> ResetOutcome:
-        """Run the reset for GPU `index`/`uuid`; never raises, the outcome says what happened."""
+    def reset(self, index: int, uuid: str, indices: Sequence[int] = ()) -> ResetOutcome:
+        """Run the reset for GPU `index`/`uuid` (`indices`: the whole peer set reset with it);
+        never raises, the outcome says what happened."""
         ...
 
 

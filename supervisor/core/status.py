@@ -14,10 +14,12 @@ Shown states: the runner's (supervisor/core/lifecycle.py ServerState) with `fata
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from supervisor.core.gpu_health import HealthLines, health_lines, read_health_lines
 from supervisor.core.load_progress import LoadProgress, Phase
+from supervisor.core.xid import XidCounts, counted, read_counts
 
 VERSION = 1
 # While SGLang loads, its output is read for the load's progress; once it serves, not at all.
@@ -71,6 +73,8 @@ class Status:
     load: LoadProgress | None = None
     exit_code: int | None = None
     end_reason: str | None = None
+    gpu_xids: XidCounts = field(default_factory=dict)  # GPU index -> Xid -> count (gpu_event)
+    gpu_health: HealthLines = field(default_factory=dict)  # the last gpu_health gate, by GPU
     updated_at_s: float
 
     @classmethod
@@ -137,6 +141,8 @@ class Status:
             "load_progress": None if self.load is None else self.load.to_json(),
             "exit_code": self.exit_code,
             "end_reason": self.end_reason,
+            "gpu_xids": self.gpu_xids,
+            "gpu_health": self.gpu_health,
             "updated_at": self.updated_at_s,
         }
 
@@ -170,6 +176,8 @@ class Status:
             load=_opt(LoadProgress.from_json, data["load_progress"]),
             exit_code=_opt(_int, data["exit_code"]),
             end_reason=_opt(_text, data["end_reason"]),
+            gpu_xids=read_counts(data.get("gpu_xids")),  # absent in files of older versions
+            gpu_health=read_health_lines(data.get("gpu_health")),  # absent in older ones too
             updated_at_s=_num(data["updated_at"]),
         )
 
@@ -327,6 +335,11 @@ def _server_output(status: Status, event: Mapping[str, Any], now_s: float) -> St
     return status if load is status.load else replace(status, load=load)
 
 
+def _gpu_event(status: Status, event: Mapping[str, Any], _now_s: float) -> Status:
+    counts = counted(status.gpu_xids, event.get("gpu"), event.get("xid"))
+    return status if counts is None else replace(status, gpu_xids=counts)
+
+
 HANDLERS: dict[str, Handler] = {
     "launching": _launching,
     "server_launched": _launched,
@@ -351,6 +364,8 @@ HANDLERS: dict[str, Handler] = {
     ),
     "gpu_release_done": _gpu("released", _elapsed, False),
     "gpu_release_failed": _gpu("failed", lambda e: str(e.get("reason", "")), False),
+    "gpu_event": _gpu_event,
+    "gpu_health": lambda s, e, _now: replace(s, gpu_health=health_lines(e, s.gpu_health)),
 }
 
 

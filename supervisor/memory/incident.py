@@ -126,6 +126,14 @@ def memory_report(
     }
 
 
+def opener(
+    state_dir: Path, kind: str, keep: int = KEEP_FILES
+) -> Callable[[str, Mapping[str, Any]], Incident | None]:
+    """(summary, details) -> a new incident of `kind`: for the GPU event watch (`gpu_xid`),
+    which sits in the run loop, below this module."""
+    return lambda summary, details: Incident.create(state_dir, kind, summary, details, keep=keep)
+
+
 class Incident:
     """One incident file; `record_next` appends what happened afterwards and rewrites it."""
 

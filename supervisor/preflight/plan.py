@@ -29,6 +29,7 @@ from supervisor.core.sglang_versions import SglangRules
 from supervisor.core.units import GB, format_gb
 from supervisor.errors import ConfigError
 from supervisor.preflight.device import Device, DeviceInputs, device_pool
+from supervisor.preflight.health import HealthGate, read_health_gate
 from supervisor.preflight.inputs import (
     GpuFacts,
     local_checks,
@@ -157,6 +158,7 @@ def run_preflight(
     reader: LaunchReader | None = None,
     state_dir: Path | None = None,
     reserved: Sequence[Reservation] = (),
+    health: HealthGate | None = None,
 ) -> FitReport:
     """Decide whether `argv` (launch_server's arguments) fits this host, or the one described.
 
@@ -164,7 +166,7 @@ def run_preflight(
     `reader` reads the argv (the run loop passes its own); None: resolved here. `state_dir` holds
     the measurements of earlier launches (default: the config's `[run]` state directory).
     `reserved`: other instances starting on this host (the ledger); what they planned and have
-    not pinned yet comes off the budget.
+    not pinned yet comes off the budget. `health`: the GPU health gate `run` read (None: here).
 
     Raises:
         ConfigError: bad argv or SGLang `--config` file, missing or malformed model config, an
@@ -198,12 +200,26 @@ def run_preflight(
     )
     notes = [Check("sglang_args", Status.WARN, note) for note in reader.notes(plan)]
     checks = [*notes, model_check(model.info), *_split_checks(model, plan), *gpus.checks]
+    checks += _health_checks(config, plan, gpus, gpu_sensor, health)
     checks += [*device_checks, *host_checks, *numa_checks, *_ledger_checks(claims), *host.checks]
     if not planning:
         pools = None if host.pool_bytes is None else host.pool_bytes * plan.local_ranks
         checks.extend(local_checks(plan, gpus, probe, env, pools))
     report = _report(argv, plan, model, gpus, device, host, budget, numa, rules, config, checks)
     return dataclasses.replace(report, deployment=deployment)
+
+
+def _health_checks(
+    config: SupervisorConfig,
+    plan: LaunchPlan,
+    gpus: GpuFacts,
+    sensor: GpuSensor | None,
+    health: HealthGate | None,
+) -> tuple[Check, ...]:
+    """The GPU health gate's checks: as given, else read (when GPUs were: not planning)."""
+    if health is None:
+        health = read_health_gate(config.gpu, plan.local_gpu_ids(), sensor if gpus.states else None)
+    return health.checks
 
 
 def _device(

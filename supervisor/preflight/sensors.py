@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 # structlog, ctypes and subprocess with it.
 if TYPE_CHECKING:
     from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.core.gpu_health import HealthSnapshot
     from supervisor.core.ports import GpuSensor
     from supervisor.core.readings import GpuState
 
@@ -49,9 +50,15 @@ class LazySensor:
         self._sensor: GpuSensor | None = None
 
     def read_gpus(self) -> tuple[GpuState, ...] | None:
+        return self._open().read_gpus()
+
+    def read_health(self) -> HealthSnapshot | None:
+        return self._open().read_health()
+
+    def _open(self) -> GpuSensor:
         if self._sensor is None:
             self._sensor = open_sensor(self.backend)
-        return self._sensor.read_gpus()
+        return self._sensor
 
     def close(self) -> None:
         if self._sensor is not None:

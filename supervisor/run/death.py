@@ -24,7 +24,9 @@ log = structlog.get_logger("supervisor.run")
 # state for tens of seconds (sgl-project/sglang PR #32829) - the GPU release wait covers those.
 TREE_GONE_WAIT_S = 10.0
 # Why a component killed the tree wins over what the exit status suggests.
-_OVERRIDES = frozenset({FailureKind.MEMORY_KILL, FailureKind.GPU_DIRTY})
+_OVERRIDES = frozenset(
+    {FailureKind.MEMORY_KILL, FailureKind.GPU_DIRTY, FailureKind.GPU_XID, FailureKind.GPU_XID_FATAL}
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

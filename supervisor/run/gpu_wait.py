@@ -1,8 +1,9 @@
 """After the server tree is gone: wait until the target GPUs are really free, kill our leftover
-holders, reset a GPU whose memory stays held, or give up (exit 6) rather than relaunch onto it.
+holders, reset a GPU whose memory stays held or that needs a reset, or give up (exit 6) rather
+than relaunch onto it.
 
-The decisions are core.gpu_release's, ownership core.ownership's; this module reads, sleeps,
-signals, resets and logs.
+The decisions are core.gpu_release's and core.gpu_repair's, ownership core.ownership's; this
+module reads, sleeps, signals and logs, run/gpu_repair.py resets and reads the GPUs' health.
 """
 
 from __future__ import annotations
@@ -14,18 +15,26 @@ import structlog
 
 from supervisor.config import GpuConfig
 from supervisor.core.classify import FailureKind
+from supervisor.core.gpu_health import judge_gpus
 from supervisor.core.gpu_release import (
     GpuCheck,
     ReleaseAction,
     ReleaseDecision,
-    assess_gpus,
     decide_release,
 )
-from supervisor.core.ownership import Owner, whose
 from supervisor.core.ports import Clock, GpuResetter, GpuSensor, Processes
 from supervisor.core.readings import GpuState
 from supervisor.core.units import GiB
 from supervisor.errors import GpuUnrecoverable
+from supervisor.run.gpu_holders import Holders, holders_of, judge_holders, kill_holders
+from supervisor.run.gpu_repair import (
+    HealthRules,
+    after_release,
+    live_pids,
+    lost_target,
+    run_resets,
+    verdicts_json,
+)
 from supervisor.run.state import StateStore
 
 log = structlog.get_logger("supervisor.gpu_wait")
@@ -63,6 +72,7 @@ class ReleaseResult:
     killed_pids: tuple[int, ...] = ()
     reset_gpus: tuple[int, ...] = ()
     d_state_pids: tuple[int, ...] = ()  # holders we waited for instead of re-killing
+    health: tuple[dict[str, object], ...] = ()  # the last health verdicts and readings read
 
     def as_dict(self) -> dict[str, object]:
         """Plain data for the incident file and log events."""
@@ -74,13 +84,8 @@ class ReleaseResult:
             "reset_gpus": list(self.reset_gpus),
             "d_state_pids": list(self.d_state_pids),
             "gpus": [c.to_json() for c in self.checks],
+            "health": list(self.health),
         }
-
-
-def listed_pids(gpus: Sequence[GpuState] | None, targets: Iterable[int]) -> set[int]:
-    """PIDs NVML lists on the target GPUs."""
-    wanted = set(targets)
-    return {p.pid for g in gpus or () if g.index in wanted for p in g.processes}
 
 
 def measure_baselines(sensor: GpuSensor, gpu_indices: Iterable[int]) -> dict[str, int]:
@@ -94,19 +99,14 @@ def measure_baselines(sensor: GpuSensor, gpu_indices: Iterable[int]) -> dict[str
     return {g.uuid: g.used_bytes for g in gpus or () if g.index in wanted and not g.processes}
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Holders:
-    """How the release wait sees the processes NVML lists on the GPUs."""
-
-    is_ours: Callable[[int], bool]  # a listed PID this instance may kill
-    state: Callable[[int], str | None]  # its /proc state letter, None when gone
-    kill: Callable[[int], bool]  # SIGKILL it; False when it was already gone
-
-
 @dataclasses.dataclass
 class _Wait:
     """The mutable bookkeeping of one release wait (what was killed, reset, seen in D state)."""
 
+    targets: tuple[int, ...]
+    rules: HealthRules
+    wanted: tuple[int, ...] = ()  # reset once free, whatever their health reads
+    health: tuple[dict[str, object], ...] = ()
     killed: set[int] = dataclasses.field(default_factory=set)
     d_seen: set[int] = dataclasses.field(default_factory=set)
     reset_at: dict[int, float] = dataclasses.field(default_factory=dict)
@@ -124,20 +124,8 @@ class _Wait:
             killed_pids=tuple(sorted(self.killed)),
             reset_gpus=tuple(sorted(self.reset_at)),
             d_state_pids=tuple(sorted(self.d_seen)),
+            health=self.health,
         )
-
-
-def _kill(pids: Sequence[int], kill: Callable[[int], bool], wait: _Wait) -> None:
-    for pid in pids:
-        wait.killed.add(pid)
-        try:
-            gone = not kill(pid)
-        except PermissionError:
-            # Another user's process: not ours to kill. The wait runs out and ends in a named
-            # exit 6 rather than an internal error (exit 70) restarted forever.
-            log.error("gpu_holder_not_killable", pid=pid, reason="permission denied")
-            continue
-        log.warning("gpu_holder_killed", pid=pid, already_gone=gone)
 
 
 def _reset(
@@ -145,40 +133,68 @@ def _reset(
     sensor: GpuSensor,
     resetter: GpuResetter,
     wait: _Wait,
-    elapsed: Callable[[], float],
-) -> None:
-    # A reset needs every NVML client gone, our own handle included (docs/peers.md, GPU reset).
-    sensor.close()
-    for check in decision.reset_gpus:
-        log.warning("gpu_reset_started", gpu=check.index, uuid=check.uuid)
-        outcome = resetter.reset(check.index, check.uuid or "")
-        wait.reset_at[check.index] = elapsed()
-        if outcome.ok:
-            log.info("gpu_reset_done", gpu=check.index, detail=outcome.detail)
-        else:
-            wait.reset_failed[check.index] = outcome.detail or "reset command failed"
-            log.error("gpu_reset_failed", gpu=check.index, detail=outcome.detail)
-
-
-def _judge(
     gpus: Sequence[GpuState] | None,
-    targets: Sequence[int],
-    known_ours: frozenset[int],
     holders: Holders,
-    baselines: Mapping[str, int],
-    tolerance_bytes: int,
-) -> tuple[GpuCheck, ...]:
-    """Each target GPU judged: whose the listed processes are, their states, the memory."""
-    listed = listed_pids(gpus, targets)
-    ours = known_ours | {pid for pid in listed - known_ours if holders.is_ours(pid)}
-    return assess_gpus(
-        gpus,
-        targets,
-        ours=ours,
-        states={pid: holders.state(pid) for pid in listed},
-        baselines=baselines,
-        tolerance_bytes=tolerance_bytes,
+    elapsed: Callable[[], float],
+) -> str:
+    """Run the resets the decision names (as core.gpu_repair plans them); why not, or ""."""
+    done = run_resets(
+        decision.reset_gpus,
+        sensor=sensor,
+        resetter=resetter,
+        live=live_pids(gpus, holders.state),
+        peer_sets=wait.rules.peer_sets,
+        reset_at=wait.reset_at,
+        reset_failed=wait.reset_failed,
+        elapsed=elapsed,
     )
+    if done.health is not None:
+        rules = wait.rules
+        verdicts = judge_gpus(done.health, wait.targets, max_volatile_dbe=rules.max_volatile_dbe)
+        wait.health = verdicts_json(verdicts)
+    return done.refusal
+
+
+def _decide(
+    sensor: GpuSensor,
+    gpus: Sequence[GpuState] | None,
+    checks: tuple[GpuCheck, ...],
+    wait: _Wait,
+    lim: ReleaseLimits,
+    elapsed_s: float,
+    reset_available: bool,
+) -> ReleaseDecision:
+    """Memory and processes first (core.gpu_release); once free, the GPUs' health."""
+    lost = lost_target(sensor, checks, gpus)
+    if lost is not None:
+        return ReleaseDecision(action=ReleaseAction.GIVE_UP, reason=lost)
+    decision = decide_release(
+        checks,
+        elapsed_s=elapsed_s,
+        timeout_s=lim.timeout_s,
+        d_state_grace_s=lim.d_state_grace_s,
+        killed_pids=frozenset(wait.killed),
+        reset_available=reset_available,
+        reset_at_s=wait.reset_at,
+        reset_failed=wait.reset_failed,
+        reset_settle_s=lim.reset_settle_s,
+    )
+    if decision.action is not ReleaseAction.DONE:
+        return decision
+    decision, verdicts = after_release(
+        sensor,
+        wait.targets,
+        wait.rules,
+        wanted=wait.wanted,
+        reset_at=wait.reset_at,
+        reset_failed=wait.reset_failed,
+        reset_available=reset_available,
+        elapsed_s=elapsed_s,
+        settle_s=lim.reset_settle_s,
+    )
+    if verdicts:
+        wait.health = verdicts_json(verdicts)
+    return decision
 
 
 def _given_up(
@@ -199,10 +215,14 @@ def wait_for_gpu_release(
     baselines: Mapping[str, int] | None = None,
     resetter: GpuResetter | None = None,
     limits: ReleaseLimits | None = None,
+    health: HealthRules | None = None,
+    reset: Iterable[int] = (),
 ) -> ReleaseResult:
     """Block until no target GPU lists a process of the old run and used memory is back near the
     baseline, killing live holders of ours, waiting for D-state ones, resetting memory held with
     no process; give up after the limits' timeout (+ the D-state grace for D-state holders).
+    Then, by `health` (default: not read), the GPUs' health: a GPU reset here must pass the
+    gate, one that needs a reset gets it; and the `reset` GPUs are reset whatever it says.
 
     `holders` judges the listed PIDs that are not in `old_pids`, reads their state and kills.
     Returns a ReleaseResult; `ok` False: the GPUs must not be used (raise_if_unrecoverable).
@@ -211,7 +231,7 @@ def wait_for_gpu_release(
     started = clock.monotonic()
     targets = tuple(gpu_indices)
     known_ours = frozenset(old_pids)
-    wait = _Wait()
+    wait = _Wait(targets=targets, rules=health or HealthRules(), wanted=tuple(reset))
     if not targets:
         return ReleaseResult(ok=True, reason="no target GPUs watched", elapsed_s=0.0)
     while True:
@@ -220,56 +240,28 @@ def wait_for_gpu_release(
         if gpus is not None and len(gpus) == 0:
             # No GPU visible at all (a box without GPUs): nothing can be held.
             return ReleaseResult(ok=True, reason="no GPUs visible", elapsed_s=elapsed)
-        checks = _judge(gpus, targets, known_ours, holders, baselines or {}, lim.tolerance_bytes)
-        wait.d_seen.update(pid for c in checks for pid in c.d_state)
-        decision = decide_release(
-            checks,
-            elapsed_s=elapsed,
-            timeout_s=lim.timeout_s,
-            d_state_grace_s=lim.d_state_grace_s,
-            killed_pids=frozenset(wait.killed),
-            reset_available=resetter is not None,
-            reset_at_s=wait.reset_at,
-            reset_failed=wait.reset_failed,
-            reset_settle_s=lim.reset_settle_s,
+        checks = judge_holders(
+            gpus, targets, known_ours, holders, baselines or {}, lim.tolerance_bytes
         )
+        wait.d_seen.update(pid for c in checks for pid in c.d_state)
+        decision = _decide(sensor, gpus, checks, wait, lim, elapsed, resetter is not None)
         if decision.action is ReleaseAction.DONE:
             log.info("gpu_release_done", elapsed_s=round(elapsed, 3), gpus=list(targets))
             return wait.result(checks, True, decision.reason, elapsed)
         if decision.action is ReleaseAction.GIVE_UP:
             return _given_up(wait, checks, decision.reason, elapsed)
         if decision.action is ReleaseAction.KILL:
-            _kill(decision.kill_pids, holders.kill, wait)
+            kill_holders(decision.kill_pids, holders.kill, wait.killed)
         elif decision.action is ReleaseAction.RESET and resetter is not None:
-            _reset(decision, sensor, resetter, wait, lambda: clock.monotonic() - started)
+            since = lambda: clock.monotonic() - started  # noqa: E731
+            refusal = _reset(decision, sensor, resetter, wait, gpus, holders, since)
+            if refusal:
+                return _given_up(wait, checks, refusal, elapsed)
         else:
             if decision.reason != wait.last_reason:
                 log.info("gpu_release_waiting", elapsed_s=round(elapsed, 3), reason=decision.reason)
                 wait.last_reason = decision.reason
             clock.sleep(lim.poll_interval_s)
-
-
-def holders_of(processes: Processes, instance: str) -> Holders:
-    """The GPU holders as this instance judges them (core.ownership) over a process table."""
-
-    def is_ours(pid: int) -> bool:
-        marks = processes.marks(pid)
-        if marks is None:
-            return False
-        owner = whose(
-            marks,
-            instance=instance,
-            self_pid=processes.self_pid,
-            self_mark=processes.self_mark(),
-            on_target_gpu=True,
-        )
-        return owner is Owner.OURS
-
-    def process_state(pid: int) -> str | None:
-        marks = processes.marks(pid)
-        return None if marks is None else marks.state
-
-    return Holders(is_ours=is_ours, state=process_state, kill=processes.kill)
 
 
 def raise_if_unrecoverable(
@@ -316,6 +308,9 @@ class GpuRelease:
         self.hooks = hooks
         self.notify_status = notify_status
         self.baselines: dict[str, int] = {}
+        # Before the first launch a GPU that needs a reset is the gate's to refuse (the
+        # operator decides); after a launch of ours, the wait resets it (measure_baselines).
+        self.health = HealthRules.from_config(gpu, repair=False)
 
     def measure_baselines(self, clock: Clock, *, force: bool = False) -> None:
         """Used memory per target GPU before the first launch: "released" means back near it.
@@ -330,6 +325,7 @@ class GpuRelease:
         """
         if self.sensor is None:
             return
+        self.health = dataclasses.replace(self.health, repair=True)  # every wait from now on
         if self.sensor.read_gpus() is None and not self._nvml_answers(clock, force):
             return
         self.baselines = measure_baselines(self.sensor, self.indices)
@@ -359,15 +355,20 @@ class GpuRelease:
         )
         return False
 
-    def wait(self, old_pids: Sequence[int], clock: Clock) -> None:
-        """Block until no target GPU lists `old_pids` and memory is back near the baseline.
+    def wait(self, old_pids: Sequence[int], clock: Clock, *, reset: Iterable[int] = ()) -> None:
+        """Block until no target GPU lists `old_pids` and memory is back near the baseline;
+        then, with `[gpu] health = "enforce"`, until their health passes: a GPU that needs a
+        reset gets one (after the first launch), a GPU reset here must pass the gate.
 
         `old_pids` may be empty (a tree killed whole from outside, by the OOM killer or an
         operator, is reaped before the supervisor reads it): the GPUs are checked all the same,
-        since a tree that died unseen can leave them as dirty as one we killed.
+        since a tree that died unseen can leave them as dirty as one we killed. `reset`: target
+        GPUs to reset once free whatever their health reads (the driver asked for it).
 
         Raises:
-            GpuUnrecoverable: a GPU stays held after kill, wait and reset.
+            GpuUnrecoverable: a GPU stays held after kill, wait and reset; one to reset is lost
+                or shares its NVLink peer set with a running process; one is still sick after
+                its reset.
             StopRequested: from `clock` (an EventClock), when a stop signal arrives.
         """
         if self.sensor is None:
@@ -381,6 +382,8 @@ class GpuRelease:
             baselines=self.baselines,
             resetter=self.resetter,
             limits=ReleaseLimits.from_config(self.gpu),
+            health=self.health,
+            reset=reset,
         )
         for hook in self.hooks:
             hook(result)

@@ -39,7 +39,10 @@ from supervisor.core.redact import redact_env, redact_line
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
 from supervisor.preflight import run_preflight
+from supervisor.preflight.health import HealthGate
 from supervisor.preflight.measurements import save_record
+from supervisor.preflight.reader import read_plan
+from supervisor.run import gpu_gate
 from supervisor.run.death import wait_tree_gone
 from supervisor.run.state import ProcessRef, StateStore
 
@@ -155,6 +158,24 @@ def preflight_gate(
     return chosen, report
 
 
+def relaunch_gate(
+    settings: RunSettings,
+    plan: LaunchPlan,
+    sensor: GpuSensor | None,
+    fit: FitReport | None,
+    book: Reservations | None,
+) -> None:
+    """Before a relaunch with the argv the pre-flight passed: the GPU health gate again, and
+    the ledger's plan (a relaunch pins it all over again).
+
+    Raises:
+        PreflightFailed: a target GPU fails the health gate (enforce), no --force.
+    """
+    gpu_gate.check_before_relaunch(settings, plan.local_gpu_ids(), sensor)
+    if book is not None and fit is not None and fit.host_required_bytes:
+        book.set(fit.host_required_bytes)
+
+
 def _gate(
     settings: RunSettings,
     argv: Sequence[str],
@@ -162,8 +183,12 @@ def _gate(
     reserved: Sequence[Reservation],
 ) -> tuple[tuple[str, ...], FitReport | None]:
     run = settings.run
+    health: list[HealthGate] = []  # the GPU health gate: read (and logged) once per gate
 
     def preflight(args: Sequence[str]) -> FitReport:
+        if not health:
+            targets = read_plan(settings.reader, args).local_gpu_ids()
+            health.append(gpu_gate.read_gate(settings, targets, sensor))
         return run_preflight(
             settings.config,
             args,
@@ -172,6 +197,7 @@ def _gate(
             reader=settings.reader,
             state_dir=settings.state_dir,
             reserved=reserved,
+            health=health[0],
         )
 
     try:

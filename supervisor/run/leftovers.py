@@ -14,7 +14,7 @@ from supervisor.core.ownership import Owner, ProcessMarks, whose
 from supervisor.core.ports import Clock, GpuSensor, Processes
 from supervisor.core.redact import redact_line
 from supervisor.errors import PreflightFailed
-from supervisor.run.gpu_wait import listed_pids
+from supervisor.run.gpu_holders import listed_pids
 from supervisor.run.state import RunState
 
 log = structlog.get_logger("supervisor.run")

@@ -26,7 +26,7 @@ from supervisor.core.ports import (
 )
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.run.death import DeathHook
-from supervisor.run.gpu_wait import ReleaseResult
+from supervisor.run.gpu_wait import GpuRelease, ReleaseResult
 
 
 class Component(Protocol):
@@ -54,6 +54,10 @@ ComponentFactory = Callable[[ServerHandle, Callable[[Event], None], LaunchInfo],
 ReleaseHook = Callable[[ReleaseResult], None]
 # Told the settings a reload (SIGHUP) put in force, to apply what they read at once.
 ReloadHook = Callable[[RunSettings], None]
+# Before the GPU release wait of a relaunch, with the dead tree's PIDs: the GPU event watch
+# waits there itself, resetting the GPUs a driver event asked a reset for; may raise
+# SupervisorError to end the run instead.
+RelaunchHook = Callable[[GpuRelease, Sequence[int], Clock], None]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,9 +83,15 @@ class RunnerIO:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Plugins:
-    """What plugs into the loop: the memory watchdog's factory and hooks."""
+    """What plugs into the loop: the memory watchdog's and the GPU event watch's factories and
+    hooks."""
 
     components: Sequence[ComponentFactory] = ()
     death_hooks: Sequence[DeathHook] = ()
     release_hooks: Sequence[ReleaseHook] = ()
     reload_hooks: Sequence[ReloadHook] = ()
+    relaunch_hooks: Sequence[RelaunchHook] = ()
+
+    def before_relaunch(self, release: GpuRelease, pids: Sequence[int], clock: Clock) -> None:
+        for hook in self.relaunch_hooks:
+            hook(release, pids, clock)

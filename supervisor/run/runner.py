@@ -116,6 +116,7 @@ class Runner:
                 delay_s = self.decide_restart(death)
                 if not self.backoff(delay_s):
                     return 0
+                self.plugins.before_relaunch(self.release, death.pids, self.wait_clock)
                 self.release.wait(death.pids, self.wait_clock)
         except StopRequested as stop:
             self.stopped_while_waiting(stop.event.name)
@@ -222,8 +223,8 @@ class Runner:
         book = self.io.reservations
         if self.launched_argv is None or argv != self.launched_argv:
             argv, self.fit = launch.preflight_gate(self.settings, argv, self.io.sensor, book)
-        elif book is not None and self.fit is not None and self.fit.host_required_bytes:
-            book.set(self.fit.host_required_bytes)  # a relaunch pins it all over again
+        else:  # the same argv again: the GPUs' health gate, the ledger's plan
+            launch.relaunch_gate(self.settings, self.plan, self.io.sensor, self.fit, book)
         return argv
 
     def launch(self, argv: tuple[str, ...]) -> LaunchedServer:

@@ -13,6 +13,23 @@ def test_index_and_uuid_are_filled_into_each_word_without_a_shell():
     assert argv == ["nvidia-smi", "--gpu-reset", "-i", "3", "--note", "GPU-a; rm -rf /"]
 
 
+def test_indices_is_the_whole_peer_set_and_the_gpu_alone_without_one():
+    assert reset_argv("nvidia-smi -r -i {indices}", 1, "GPU-1", (0, 1, 2, 3)) == [
+        "nvidia-smi",
+        "-r",
+        "-i",
+        "0,1,2,3",
+    ]
+    assert reset_argv("nvidia-smi -r -i {indices}", 1, "GPU-1") == ["nvidia-smi", "-r", "-i", "1"]
+
+
+def test_a_peer_set_is_one_command():
+    template = f"{sys.executable} -c 'import sys; print(\"reset\", sys.argv[1:])' {{indices}}"
+    outcome = CommandGpuResetter(template, timeout_s=30).reset(2, "GPU-2", (2, 3))
+    assert outcome.ok
+    assert "reset ['2,3']" in outcome.detail
+
+
 def test_a_successful_command_is_ok_and_its_output_kept():
     template = (
         f"{sys.executable} -c 'import sys; print(\"reset\", sys.argv[1:])' {{index}} {{uuid}}"

@@ -21,8 +21,8 @@ from supervisor.core.classify import FailureKind
 from supervisor.core.events import KillReason, MemoryAction, WatchdogEvent
 from supervisor.errors import ExitCode, GpuUnrecoverable
 from supervisor.memory.watchdog import MemoryWatchdog
+from supervisor.run.gpu_holders import Holders
 from supervisor.run.gpu_wait import (
-    Holders,
     ReleaseLimits,
     ReleaseResult,
     measure_baselines,

@@ -17,7 +17,7 @@ from supervisor.adapters.server_process import ServerProcess
 from supervisor.core.events import STOP_REQUESTED, Event
 from supervisor.core.policy import Level, Limits
 from supervisor.core.redact import redact_line
-from supervisor.run.gpu_wait import Holders, holders_of
+from supervisor.run.gpu_holders import Holders, holders_of
 from tests.testing.support import fake_server_argv, fake_server_env, http_status
 from tests.waiting import wait_until
 

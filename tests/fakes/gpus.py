@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from supervisor.core.gpu_health import HealthSnapshot
 from supervisor.core.gpu_release import ResetOutcome
 from supervisor.core.readings import GpuProcess, GpuState
 from tests.fakes.clock import FakeClock
@@ -23,19 +24,28 @@ def gpu(index: int, used: int, *pids: int, total: int = 80 * GB) -> GpuState:
 
 
 class ScriptedGpus:
-    """core.ports.GpuSensor whose snapshot a function of the fake clock computes."""
+    """core.ports.GpuSensor whose snapshot (and health) a function of the fake clock computes."""
 
     def __init__(
-        self, clock: FakeClock, snapshot: Callable[[float], tuple[GpuState, ...] | None]
+        self,
+        clock: FakeClock,
+        snapshot: Callable[[float], tuple[GpuState, ...] | None],
+        health: Callable[[float], HealthSnapshot | None] = lambda _now: None,
     ) -> None:
         self.clock = clock
         self.snapshot = snapshot
+        self.health = health
         self.reads = 0
+        self.health_reads = 0
         self.closed = 0
 
     def read_gpus(self) -> tuple[GpuState, ...] | None:
         self.reads += 1
         return self.snapshot(self.clock.now)
+
+    def read_health(self) -> HealthSnapshot | None:
+        self.health_reads += 1
+        return self.health(self.clock.now)
 
     def close(self) -> None:
         self.closed += 1
@@ -47,10 +57,12 @@ class RecordingResetter:
     def __init__(self, ok: bool = True, on_reset: Callable[[int], None] | None = None) -> None:
         self.ok = ok
         self.calls: list[tuple[int, str]] = []
+        self.sets: list[tuple[int, ...]] = []  # the `{indices}` of each call
         self.on_reset = on_reset
 
-    def reset(self, index: int, uuid: str) -> ResetOutcome:
+    def reset(self, index: int, uuid: str, indices: Sequence[int] = ()) -> ResetOutcome:
         self.calls.append((index, uuid))
+        self.sets.append(tuple(indices))
         if self.on_reset is not None:
             self.on_reset(index)
         return ResetOutcome(ok=self.ok, detail="" if self.ok else "in use")

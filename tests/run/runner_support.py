@@ -17,6 +17,7 @@ from supervisor.config import (
     ServerConfig,
     SupervisorConfig,
 )
+from supervisor.core.gpu_health import HealthSnapshot
 from supervisor.core.lifecycle import HealthStatus
 from supervisor.core.readings import GpuState
 from supervisor.core.units import GB, GiB
@@ -136,8 +137,10 @@ def runner(
     plugins: Plugins | None = None,
     watch_gpus: bool = True,
     gpus: Callable[[float], tuple[GpuState, ...] | None] | None = None,
+    health: Callable[[float], HealthSnapshot | None] = lambda _now: None,
 ) -> Runner:
-    """The runner over the world's fakes; `gpus` replaces what NVML answers (World.gpus)."""
+    """The runner over the world's fakes; `gpus` replaces what NVML answers (World.gpus),
+    `health` its health read (default: none)."""
     io = RunnerIO(
         clock=w.clock,
         events=w.events,
@@ -145,7 +148,7 @@ def runner(
         processes=w.processes,
         notifier=w.notifier,
         probe_factory=lambda plan: w.probe,
-        sensor=ScriptedGpus(w.clock, gpus or w.gpus) if watch_gpus else None,
+        sensor=ScriptedGpus(w.clock, gpus or w.gpus, health) if watch_gpus else None,
         resetter=w.resetter,
         probe_executor=ImmediateExecutor,
         sweep_shm=lambda seen: w.swept.append(dict(seen)),

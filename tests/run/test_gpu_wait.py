@@ -9,9 +9,9 @@ import pytest
 
 from supervisor.config import SupervisorConfig
 from supervisor.errors import ExitCode, GpuUnrecoverable
+from supervisor.run.gpu_holders import Holders
 from supervisor.run.gpu_wait import (
     GpuRelease,
-    Holders,
     ReleaseLimits,
     ReleaseResult,
     measure_baselines,
