@@ -49,6 +49,18 @@ _NOT_DETERMINISTIC = frozenset(
 )
 
 
+# One death seen two ways: when a rank dies at init, the monitor may see the rank gone first
+# (rank_crash) or the main process's exit first (exited_unexpectedly), a race between two
+# readings of one event. For "the same failure again" they are one.
+_SAME_START_FAILURE: dict[FailureKind, FailureKind] = {
+    FailureKind.EXITED_UNEXPECTEDLY: FailureKind.RANK_CRASH,
+}
+
+
+def _start_failure(kind: FailureKind | None) -> FailureKind | None:
+    return None if kind is None else _SAME_START_FAILURE.get(kind, kind)
+
+
 def terminal_end(kind: FailureKind) -> RunEnd | None:
     """The end of the run a failure of this kind means, or None when a restart can help."""
     return _TERMINAL.get(kind)
@@ -139,7 +151,7 @@ class RestartBudget:
         server in between: relaunching the same argv would fail the same way again."""
         return (
             not (was_ready or self.ever_ready)
-            and kind is self.last_kind
+            and _start_failure(kind) is _start_failure(self.last_kind)
             and kind not in _NOT_DETERMINISTIC
         )
 

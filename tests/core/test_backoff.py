@@ -111,11 +111,27 @@ def test_the_same_failure_twice_before_ever_ready_ends_the_run_without_spending_
 
 def test_different_start_failures_in_a_row_are_restarted():
     budget = RestartBudget(BackoffPolicy())
-    kinds = (FailureKind.RANK_CRASH, FailureKind.EXITED_UNEXPECTEDLY, FailureKind.RANK_CRASH)
+    kinds = (FailureKind.RANK_CRASH, FailureKind.STARTUP_STALL, FailureKind.RANK_CRASH)
     for now, kind in enumerate(kinds):
         budget, decision = decide_after_failure(budget, kind, float(now))
         assert decision.end is None
     assert budget.total_restarts == 3
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        (FailureKind.RANK_CRASH, FailureKind.EXITED_UNEXPECTEDLY),
+        (FailureKind.EXITED_UNEXPECTEDLY, FailureKind.RANK_CRASH),
+    ],
+)
+def test_a_rank_gone_and_the_server_exited_are_one_start_failure(kinds):
+    """A rank dying at init is seen as the rank gone or as the main process's exit, whichever
+    reading comes first: the same failure for the rule."""
+    budget = RestartBudget(BackoffPolicy())
+    budget, first = decide_after_failure(budget, kinds[0], 0.0)
+    _, second = decide_after_failure(budget, kinds[1], 1.0)
+    assert (first.end, second.end) == (None, RunEnd.START_REPEATED)
 
 
 @pytest.mark.parametrize("kind", [FailureKind.MEMORY_KILL, FailureKind.KERNEL_OOM_KILLED])
