@@ -109,9 +109,7 @@ def test_print_args_writes_secrets_as_shell_variables(capsys):
     code, out, err = run(capsys, "preflight", "--print-args", *SEED_FACTS, "--", *args)
     assert code == 0
     line = out.strip()
-    assert line.endswith(
-        '--hicache-size 49 --api-key "$API_KEY" --admin-api-key="$ADMIN_API_KEY"'
-    )
+    assert line.endswith('--hicache-size 49 --api-key "$API_KEY" --admin-api-key="$ADMIN_API_KEY"')
     assert "s3cret" not in out + err
     assert err.count("\n") == 1
     assert "API_KEY" in err
