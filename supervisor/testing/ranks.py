@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from supervisor.testing import gpu_faults, gpu_state, memlog, shm
+from supervisor.testing import gpu_state, memlog, shm
 from supervisor.testing.progress_bar import load_shards
 from supervisor.testing.scenario import Scenario, injected_value
 
@@ -228,6 +228,10 @@ def _serve(spec: RankSpec, conn: Connection, keep: tuple[object, ...]) -> None:
             orphan_proc = None  # reaped: the double-fork middle process, or an orphan that ended
         if fault_due and fault is not None and age_s >= fault.after_s:
             fault_due = False  # the driver's view changes; the rank itself carries on
+            # Imported here: it brings pynvml, megabytes in every rank that never injects, and
+            # the e2e watchdog tests budget the simulated tree's real memory to a few MiB.
+            from supervisor.testing import gpu_faults
+
             gpu_faults.inject(
                 Path(str(spec.state_dir)), spec.gpu_index, fault.kind, injected_value(fault)
             )

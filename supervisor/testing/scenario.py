@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from supervisor.testing import gpu_faults
-
 
 class ScenarioError(ValueError):
     """FAKE_SGLANG_SCENARIO is not valid JSON or names an unknown key / a wrong type."""
@@ -171,6 +169,10 @@ def _convert(name: str, annotation: str, value: object) -> object:
 
 def _gpu_fault(name: str, fault: GpuFault) -> GpuFault:
     """Refuse now what the injection would refuse mid-run (a typo must not pass silently)."""
+    # Only a scenario with a GPU fault pays for pynvml (gpu_faults imports it): every simulated
+    # process parses the scenario, and the e2e watchdog tests budget their real memory tightly.
+    from supervisor.testing import gpu_faults
+
     spec = gpu_faults.FAULTS.get(fault.kind)
     if spec is None:
         raise ScenarioError(
