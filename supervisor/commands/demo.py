@@ -372,5 +372,5 @@ def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> in
 @click.command()
 @click.option("--keep", is_flag=True, help="Keep the demo's files (state, incidents, config).")
 def demo(keep: bool) -> None:
-    """Run the supervisor's whole story on a simulated 8-GPU box (about 30 s, no GPU)."""
+    """Run the supervisor's whole story on the simulated seed box (about 15 s, no GPU)."""
     sys.exit(run_demo(keep=keep))
