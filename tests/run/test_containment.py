@@ -8,6 +8,7 @@ from structlog.testing import capture_logs
 from supervisor.adapters.cgroup import CgroupError
 from supervisor.run import containment
 from supervisor.run.containment import contain, release
+from tests.cgroups import remove_instance_cgroups
 
 
 def test_off_means_proc_and_says_so():
@@ -90,3 +91,4 @@ def test_a_leftover_is_killed_at_the_next_start_and_everything_removed_at_the_en
         if left.poll() is None:
             left.kill()
             left.wait()
+        remove_instance_cgroups(instance)  # a failed assertion above must not leave them
