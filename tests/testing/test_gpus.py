@@ -35,7 +35,7 @@ FAKED = [
     "nvmlDeviceGetNumaNodeId",
     "nvmlDeviceGetMemoryAffinity",
     "nvmlDeviceGetCpuAffinity",
-    # Health (issue 13): fake_nvml_health.py, fake_nvml_events.py, NVLink topology.
+    # Health: fake_nvml_health.py, fake_nvml_events.py, NVLink topology.
     "nvmlDeviceGetRemappedRows",
     "nvmlDeviceGetRetiredPagesPendingStatus",
     "nvmlDeviceGetTotalEccErrors",
