@@ -28,8 +28,8 @@ from supervisor.adapters.status_file import (
     recorded_pid,
 )
 from supervisor.commands.instance import instance_options, state_dir_for
-from supervisor.core.load_progress import format_seconds
 from supervisor.core.status import Status, restarts_in_window
+from supervisor.core.units import format_seconds
 from supervisor.run.state import LOCK_FILE, STATE_FILE
 
 READY, NOT_RUNNING, NOT_READY = 0, 3, 4

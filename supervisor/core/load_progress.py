@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from supervisor.core.log_phases import LogMark, read_mark
+from supervisor.core.units import format_seconds
 
 
 class Phase(str, Enum):
@@ -221,15 +222,3 @@ _MARK_WORDS = ("weight", "kv cache", "host pool", "graph", "fired up")
 def _may_mark(line: str) -> bool:
     lowered = line.lower()
     return any(word in lowered for word in _MARK_WORDS)
-
-
-def format_seconds(seconds: float) -> str:
-    """A duration for people: "38 s", "5 min 12 s", "30 min", "1 h 02 min"."""
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s" if secs else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"

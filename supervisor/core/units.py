@@ -139,3 +139,15 @@ def format_bytes(n_bytes: float) -> str:
         if abs(size) >= factor:
             return f"{size / factor:,.1f} {unit}"
     return f"{int(size)} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration for people: "38 s", "5 min 12 s", "30 min", "1 h 02 min"."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s" if secs else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"

@@ -11,7 +11,6 @@ import pytest
 from supervisor.core.load_progress import (
     LoadProgress,
     Phase,
-    format_seconds,
     read_meter,
 )
 
@@ -167,11 +166,3 @@ def test_the_progress_survives_its_json():
         LoadProgress.from_json({**data, "phase": "sleeping"})
     with pytest.raises(TypeError):
         LoadProgress.from_json({**data, "done": "4"})
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(0.4, "0 s"), (38, "38 s"), (312, "5 min 12 s"), (1800, "30 min"), (3720, "1 h 02 min")],
-)
-def test_durations_read_as_people_say_them(seconds: float, text: str):
-    assert format_seconds(seconds) == text

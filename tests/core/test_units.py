@@ -10,6 +10,7 @@ from supervisor.core.units import (
     MiB,
     format_bytes,
     format_gb,
+    format_seconds,
     parse_duration,
     parse_size,
     parse_token_count,
@@ -85,3 +86,11 @@ def test_formatting_uses_the_named_unit() -> None:
     assert format_gb(48 * GB) == "48.0 GB"
     assert format_bytes(3 * GiB) == "3.0 GiB"
     assert format_bytes(12) == "12 B"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.4, "0 s"), (38, "38 s"), (312, "5 min 12 s"), (1800, "30 min"), (3720, "1 h 02 min")],
+)
+def test_durations_read_as_people_say_them(seconds: float, text: str):
+    assert format_seconds(seconds) == text
