@@ -96,7 +96,6 @@ _TEMPLATES: dict[str, str] = {
     "cgroup_not_emptied": "server cgroup not emptied: {reason}",
     "cgroup_not_removed": "cgroups not removed",
     "status": "status: {state}, {restart_count} restarts",
-    "signal_ignored": "{signal} ignored, the server is untouched",
     "stop_escalated": "{signal} again: no more grace, killing the server",
     "server_tree_not_gone": "server processes still there after {waited_s:secs}: {pids:list}",
     "component_event": "server {action}: {reason}",
