@@ -138,7 +138,11 @@ def test_a_worse_event_after_the_kill_ends_the_run_at_the_death_hook(launch: Lau
 
 def test_a_fatal_classification_is_left_to_the_restart_decision(launch: Launch):
     launch.guard.on_event(xid(79), True)
-    launch.guard.on_death(launch.death(FailureKind.GPU_XID_FATAL))  # backoff ends the run
+    # No raise here: the death is already classified gpu_xid_fatal, and backoff ends the run.
+    launch.guard.on_death(launch.death(FailureKind.GPU_XID_FATAL))
+    steps = [step["step"] for step in launch.incidents()[0]["next"]]
+    assert steps[-1] == "classified"
+    assert "not_relaunched" not in steps
 
 
 class Release:
