@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,6 +17,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     Raises:
         OSError: the directory is missing, full or not writable; `path` is then unchanged.
     """
+    import tempfile  # only writers need it: the pre-flight reads files and must start fast
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

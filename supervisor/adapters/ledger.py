@@ -16,11 +16,14 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from supervisor.adapters.procfs import ProcReader
 from supervisor.atomic_file import write_text_atomic
 from supervisor.core import ledger
 from supervisor.core.ledger import Reservation
+
+if TYPE_CHECKING:
+    from supervisor.adapters.procfs import ProcReader
 
 
 def _warn(event: str, **kv: object) -> None:
@@ -85,7 +88,13 @@ class Ledger:
         self.directory = directory
         self.path = directory / LEDGER_FILE
         self.instance = instance
-        self.proc = proc or ProcReader()
+        if proc is None:
+            # Here, not at import: a planning pre-flight never opens the ledger, and /proc's
+            # reader is a few ms of its cold start.
+            from supervisor.adapters.procfs import ProcReader
+
+            proc = ProcReader()
+        self.proc = proc
         self.self_pid = os.getpid()
         self.self_ticks = self.proc.start_ticks(self.self_pid) or 0
         self._warned = False

@@ -18,6 +18,7 @@ from supervisor.core.units import parse_size
 from supervisor.errors import ConfigError, ExitCode
 
 if TYPE_CHECKING:  # a type only: the report's module loads with the pre-flight, when it runs
+    from supervisor.adapters.ledger import Ledger
     from supervisor.core.checks import FitReport
 
 
@@ -162,7 +163,6 @@ def preflight(
     sglang-supervisor preflight --config FILE
     Exit codes: 0 fits, 1 does not fit, 2 bad input.
     """
-    from supervisor.adapters.ledger import open_ledger
     from supervisor.preflight import run_preflight
     from supervisor.preflight.sensors import LazySensor
 
@@ -173,11 +173,7 @@ def preflight(
             "no launch_server arguments: give them after -- or as [server] args in --config"
         )
     sensor = None if config.gpu.backend == "none" else LazySensor(config.gpu.backend)
-    book = open_ledger(
-        config.preflight.ledger_dir,
-        config.run.name,
-        planning=config.host.mem_available_bytes is not None,
-    )
+    book = _ledger(config)
     try:
         report = run_preflight(
             config,
@@ -196,6 +192,17 @@ def preflight(
     else:
         click.echo(report.render_table())
     return int(ExitCode.OK if report.fits else ExitCode.NO_FIT)
+
+
+def _ledger(config: SupervisorConfig) -> Ledger | None:
+    """The host ledger when this pre-flight reads it; imported only then (a planning pre-flight,
+    of another box, never does, and it is a few ms of the cold start)."""
+    planning = config.host.mem_available_bytes is not None
+    if planning or not config.preflight.ledger_dir:
+        return None
+    from supervisor.adapters.ledger import open_ledger
+
+    return open_ledger(config.preflight.ledger_dir, config.run.name, planning=planning)
 
 
 # Where --print-args tells the shell to take each secret from: printing the key would leak it,

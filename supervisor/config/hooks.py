@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from supervisor.core.hooks import placeholder_problem
 from supervisor.errors import ConfigError
 
 # The loader accepts a string for these fields and shell-splits it.
@@ -27,7 +26,13 @@ class HooksConfig:
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ConfigError(f"config key hooks.timeout must be positive (got {self.timeout_s})")
-        for name, words in self.commands().items():
+        commands = {name: words for name, words in self.commands().items() if words}
+        if not commands:
+            return
+        # Only a config with hooks pays for their rules: every pre-flight loads this section.
+        from supervisor.core.hooks import placeholder_problem
+
+        for name, words in commands.items():
             problem = placeholder_problem(words)
             if problem is not None:
                 raise ConfigError(f"config key hooks.{name}: {problem}")

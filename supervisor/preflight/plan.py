@@ -29,7 +29,6 @@ from supervisor.core.sglang_versions import SglangRules
 from supervisor.core.units import GB, format_gb
 from supervisor.errors import ConfigError
 from supervisor.preflight.device import Device, DeviceInputs, device_pool
-from supervisor.preflight.health import HealthGate, read_health_gate
 from supervisor.preflight.inputs import (
     GpuFacts,
     local_checks,
@@ -43,6 +42,7 @@ from supervisor.preflight.reader import launch_reader, read_plan
 
 if TYPE_CHECKING:  # a type only: core.ports brings the run loop's events and classifier
     from supervisor.core.ports import GpuSensor
+    from supervisor.preflight.health import HealthGate
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,7 +218,11 @@ def _health_checks(
 ) -> tuple[Check, ...]:
     """The GPU health gate's checks: as given, else read (when GPUs were: not planning)."""
     if health is None:
-        health = read_health_gate(config.gpu, plan.local_gpu_ids(), sensor if gpus.states else None)
+        if not gpus.states:
+            return ()  # nothing read, nothing judged (planning another box, or no GPU backend)
+        from supervisor.preflight.health import read_health_gate  # only with GPUs to judge
+
+        health = read_health_gate(config.gpu, plan.local_gpu_ids(), sensor)
     return health.checks
 
 
