@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 from supervisor.adapters.tree import ExitWatcher, TreeReader
 from tests.waiting import wait_until
@@ -44,7 +45,13 @@ def test_a_zombie_is_read_with_how_it_ended():
             what="the zombie",
         )
         assert zombie is not None
-        assert zombie[0].exit_status == 9  # wait status: killed by SIGKILL
+        raw = Path(f"/proc/{proc.pid}/stat").read_text()
+        if len(raw[raw.rfind(")") + 2 :].split()) >= 50:
+            assert zombie[0].exit_status == 9  # field 52, the wait status: killed by SIGKILL
+        else:
+            # Kernels (and sandboxes) whose stat stops before field 52 do not tell how it
+            # ended: read as unknown, which the liveness judge treats as a zombie, not a death.
+            assert zombie[0].exit_status is None
     finally:
         reader.close()
         proc.wait()
