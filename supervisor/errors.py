@@ -6,7 +6,8 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Exit codes of `sglang-supervisor`; systemd's RestartPreventExitStatus lists 1, 2, 3 and 6."""
+    """Exit codes of `sglang-supervisor`; systemd's RestartPreventExitStatus lists 1, 2, 3, 4
+    and 6 (8 is restarted: under systemd, restarting every node is how its group is recreated)."""
 
     OK = 0
     NO_FIT = 1
@@ -15,6 +16,7 @@ class ExitCode(IntEnum):
     STARTUP_FAILED = 4
     CRASH_LOOP = 5
     GPU_UNRECOVERABLE = 6
+    GROUP_RECREATE = 8  # group mode: a node failed; the launcher recreates the whole group
     INTERNAL = 70
 
 
@@ -38,6 +40,7 @@ class PreflightFailed(SupervisorError):
     """The pre-flight found that the server does not fit."""
 
     exit_code = ExitCode.NO_FIT
+    fit: object = None  # its FitReport, when one was made (group mode reports it to the leader)
 
 
 class ServerArgsRejected(SupervisorError):
@@ -62,3 +65,10 @@ class GpuUnrecoverable(SupervisorError):
     """A target GPU stays dirty after cleanup and reset; relaunching onto it is unsafe."""
 
     exit_code = ExitCode.GPU_UNRECOVERABLE
+
+
+class GroupMustRecreate(SupervisorError):
+    """Group mode: this node's server failed; SGLang's group cannot be mended in place, so the
+    launcher (LeaderWorkerSet) must recreate the whole group."""
+
+    exit_code = ExitCode.GROUP_RECREATE

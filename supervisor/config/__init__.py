@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING, Any
 
 from supervisor.config.gpu_section import GpuConfig
+from supervisor.config.group_section import GroupConfig
 from supervisor.config.hooks import HooksConfig
 from supervisor.config.loader import load_config, read_toml
 from supervisor.config.sections import (
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GpuConfig",
+    "GroupConfig",
     "HooksConfig",
     "HostConfig",
     "LogConfig",

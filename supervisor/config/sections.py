@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.config.gpu_section import GpuConfig
+from supervisor.config.group_section import GroupConfig
 from supervisor.config.hooks import HooksConfig
 from supervisor.config.metrics_sections import HttpConfig, MetricsConfig
 from supervisor.core.units import GB, GiB
@@ -339,3 +340,4 @@ class SupervisorConfig:
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     hooks: HooksConfig = dataclasses.field(default_factory=HooksConfig)
+    group: GroupConfig = dataclasses.field(default_factory=GroupConfig)
