@@ -88,6 +88,8 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                            fault on its simulated GPU, as `fake_gpu inject KIND VALUE` does
                            (kind a FAULT of `inject --help`; code the Xid for "xid", value the
                            ACTION / NAME for "recovery-action" / "unsupported"), and carries on
+    dist_timeout_s         60    rendezvous timeout (below; --dist-timeout N wins, as in SGLang)
+    nccl_timeout_s         1.0   a rank whose communicator broke hangs after this long (below)
 
 Processes (SGLang 0.5.23; supervisor/testing/topology.py): the main process (title unchanged)
 serves HTTP; every child is a multiprocessing "spawn" child; nobody calls setsid, so all share
@@ -118,6 +120,35 @@ transcription of SGLang's sizing code kept apart from the pre-flight's (size, ra
 default-ratio modes; SGLang's auto-sizing is not simulated: auto uses the default ratio). A
 --model-path without a readable config.json uses Llama-3-70B geometry (80 layers, 8 KV heads,
 head_dim 128, bf16).
+
+Multi-node (supervisor/testing/rendezvous.py, gate.py; --nnodes N --node-rank R
+--dist-init-addr HOST:PORT (alias --nccl-init-addr) [--gated-launch-port P]): the ranks form one
+torch world; world rank = node_rank × ranks per node + local index (topology.py's placement,
+tp_size × pp_rank + tp_rank as SGLang counts it). Before its broadcasters and its load every
+rank joins it: world rank 0 (node 0's first rank) listens on HOST:PORT (torch's TCPStore
+master; the only port SGLang's multi-node derivations make the simulation bind), every rank
+connects (retrying while nothing listens) and says its rank; once all joined the master says
+"go". On dist_timeout_s the rank raises like torch and fails as a scheduler does ("Scheduler hit
+an exception: Traceback …" with "torch.distributed.DistNetworkError: The client socket has
+timed out after Nms while trying to connect to (HOST, PORT).", "torch.distributed.DistStoreError:
+Timed out after N seconds waiting for clients. J/W clients joined.", "…DistNetworkError: Failed
+to recv, got 0 bytes. …" once the master gave up, "…The server socket has failed to listen on
+any local network address. …" when the port is taken, or NetworkAddress.parse's ValueError for
+a bad address), SIGQUIT to its parent: the main process dies as at any launch-phase SIGQUIT (-9).
+The connections stay open as the communicator: rank 0's ShutdownReq (a clean stop of node 0)
+reaches every rank, which exits 0, so worker nodes then exit 0; when a rank's connection breaks
+(it died, or node 0's rank 0 did) every survivor, after nccl_timeout_s, hangs: it stops
+answering its main process (node 0's /health fails as the health check times out; a worker
+node's dummy health still says 200), never exits by itself (real NCCL's watchdog may abort much
+later), and dies on SIGKILL or with its parent. The gate (sglang/srt/distributed/gated_launch.py):
+after the rendezvous, before "Load weight begin", every rank logs "Gated launch waiting for
+activation. rank=N" (and "Gated launch still waiting for activation. rank=N elapsed=X s" every
+10 s); world rank 0 serves GET /health -> "OK" and POST /gate/activate -> "OK" on (--host, P)
+("Gated launch control server started on H:P"; never stopped) and polls it every second; the
+activation reaches every rank over the communicator; each logs "Gated launch activated.
+elapsed=X.XX s" and loads, answering its main process all along. Without --dist-init-addr
+there is no rendezvous (a worker node started alone comes up by itself), except that a gate
+makes the node's own ranks a world of their own at --host:<a free port>, as SGLang's nccl_port.
 
 Not simulated: SGLang's HiCache auto-sizing; real generation (a request just takes request_s);
 uvicorn's HTTP inside the tokenizer workers (the main process serves HTTP, the workers only

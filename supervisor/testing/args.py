@@ -24,8 +24,7 @@ _NEIGHBOURS = (
     "--tokenizer-mode",
     "--tokenizer-backend",
     "--moe-dense-tp-size",
-    "--dist-init-addr",
-    "--dist-timeout",
+    "--nccl-port",
     "--hicache-write-policy",
     "--hicache-storage-backend",
     "--max-running-requests",
@@ -63,6 +62,9 @@ class SimArgs:
     ep_size: int
     nnodes: int
     node_rank: int
+    dist_init_addr: str | None  # HOST:PORT of the rendezvous (torch's TCPStore master)
+    dist_timeout: int | None
+    gated_launch_port: int | None
     mem_fraction_static: float | None
     max_total_tokens: int | None
     kv_cache_dtype: str
@@ -106,6 +108,9 @@ def _parser() -> _Parser:
     p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int)
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
+    p.add_argument("--dist-timeout", type=int)
+    p.add_argument("--gated-launch-port", type=int)
     p.add_argument("--mem-fraction-static", type=float)
     p.add_argument("--max-total-tokens", type=int)
     p.add_argument("--kv-cache-dtype", default="auto")
@@ -167,6 +172,9 @@ def parse_sim_args(argv: Sequence[str]) -> SimArgs:
         ep_size=ns.ep_size or 1,
         nnodes=ns.nnodes,
         node_rank=ns.node_rank,
+        dist_init_addr=ns.dist_init_addr,
+        dist_timeout=ns.dist_timeout,
+        gated_launch_port=ns.gated_launch_port,
         mem_fraction_static=ns.mem_fraction_static,
         max_total_tokens=ns.max_total_tokens,
         kv_cache_dtype=ns.kv_cache_dtype,

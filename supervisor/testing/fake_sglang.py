@@ -2,8 +2,9 @@
 
 The main process plays SGLang's launcher (launch_server.py, entrypoints/engine.py
 `_launch_subprocesses`, entrypoints/http_server.py): it starts the children
-(supervisor/testing/children.py, ranks.py), serves HTTP (endpoints.py), runs the
-SubprocessWatchdog (watchdog.py) and stops as SGLang stops (stopping.py, tokenizers.py).
+(supervisor/testing/children.py, ranks.py; their torch world: rendezvous.py, gate.py), serves
+HTTP (endpoints.py), runs the SubprocessWatchdog (watchdog.py) and stops as SGLang stops
+(stopping.py, tokenizers.py).
 Contract: supervisor/testing/__init__.py.
 """
 
@@ -22,7 +23,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import NoReturn
 
-from supervisor.testing import endpoints, gpu_state, shm, stopping, topology
+from supervisor.testing import endpoints, gpu_state, rendezvous, shm, stopping, topology
 from supervisor.testing.args import PROG, SimArgs, SimArgsError, parse_sim_args
 from supervisor.testing.children import ChildSpec, run_child
 from supervisor.testing.endpoints import RankLink
@@ -75,6 +76,7 @@ class Launcher:
 
     def _rank_specs(self) -> list[RankSpec]:
         s = self.sizing
+        worlds = rendezvous.worlds(self.plan, self.scenario, len(self.procs.ranks))
         return [
             RankSpec(
                 title=place.title,
@@ -90,6 +92,7 @@ class Launcher:
                 memory=s.memory,
                 broadcasts=self._broadcasts(i, place),
                 draws_shard_bar=i == 0 and self.plan.node_rank == 0,
+                world=worlds[i],
             )
             for i, place in enumerate(self.procs.ranks)
         ]

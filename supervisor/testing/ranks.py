@@ -7,6 +7,12 @@ model_executor/model_runner.py and the KV pool do), allocates its host pool as t
 then answers health pings and plays its part of the scenario. It installs no signal handler
 (managers/scheduler.py `run_scheduler_process` installs none): SIGTERM kills it (-15), SIGINT
 raises KeyboardInterrupt, which multiprocessing turns into exit code 1.
+
+With a torch world (rendezvous.py: --dist-init-addr, or a gate) the rank joins it before its
+broadcasters are made (distributed/bootstrap.py `init_parallel_runtime`), waits at the gate
+(gate.py) before the weights load, exits on rank 0's ShutdownReq relayed over the communicator,
+and, once the communicator broke, hangs after nccl_timeout_s: it stops answering its main
+process (a collective waiting on a dead peer) and never exits by itself.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from supervisor.testing import gpu_state, memlog, shm
 from supervisor.testing.progress_bar import load_shards
+from supervisor.testing.rendezvous import Communicator, RendezvousError, World
 from supervisor.testing.scenario import Scenario, injected_value
 
 PAGE_BYTES = mmap.PAGESIZE
@@ -52,6 +59,7 @@ class RankSpec:
     # None when no reader shares the node (then only the transient nodecheck segment).
     broadcasts: tuple[int | None, ...] = ()
     draws_shard_bar: bool = False  # the first rank of node 0 (SGLang's global rank 0)
+    world: World | None = None  # None: no rendezvous (no --dist-init-addr, no gate)
 
 
 def log(prefix: str, message: str) -> None:
@@ -105,13 +113,17 @@ def touch_memory(size: int, *, shared: bool) -> mmap.mmap:
     return region
 
 
-def handle_message(conn: Connection, *, obeys_shutdown: bool) -> None:
+def handle_message(
+    conn: Connection, *, obeys_shutdown: bool, comm: Communicator | None = None
+) -> None:
     """One message from the parent: answer a ping; a ShutdownReq ends the process with 0."""
     try:
         message = conn.recv()
     except (EOFError, OSError):
         os._exit(0)  # the parent is gone: nothing left to serve
     if message == "shutdown" and obeys_shutdown:
+        if comm is not None and comm.world.rank == 0:
+            comm.broadcast("shutdown")  # recv_requests: rank 0 broadcasts it to the others
         # scheduler.py handle_shutdown: the event loop ends, run_scheduler_process returns, and
         # the interpreter's exit runs ShmRingBuffer.__del__ (its segment unlinked).
         shm.release_owned()
@@ -123,12 +135,51 @@ def handle_message(conn: Connection, *, obeys_shutdown: bool) -> None:
             os._exit(0)
 
 
-def _wait(conn: Connection, seconds: float) -> None:
+def _wait(conn: Connection, seconds: float, comm: Communicator | None = None) -> None:
     """Sleep `seconds` while still answering the parent (a ShutdownReq meanwhile ends us)."""
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
+        _check_world(comm)
         if conn.poll(min(left, _TICK_S)):
-            handle_message(conn, obeys_shutdown=True)
+            handle_message(conn, obeys_shutdown=True, comm=comm)
+
+
+def _check_world(comm: Communicator | None) -> None:
+    """Leave on a relayed ShutdownReq; hang for good once a broken communicator timed out."""
+    if comm is None:
+        return
+    if comm.shutdown.is_set():
+        shm.release_owned()
+        os._exit(0)
+    if comm.hung():
+        while True:  # stuck in a collective: no pong, no exit; SIGKILL or PDEATHSIG end it
+            time.sleep(1.0)
+
+
+def _join_world(spec: RankSpec, conn: Connection) -> Communicator | None:
+    """init_distributed_environment; its exception is the scheduler's (run_scheduler_process):
+    logged, SIGQUIT to the parent, and the process function returns."""
+    if spec.world is None:
+        return None
+    try:
+        return Communicator.join(spec.world, lambda seconds: _wait(conn, seconds))
+    except RendezvousError as exc:
+        frame = 'File "sglang/srt/distributed/parallel_state.py", in init_distributed_environment'
+        error = str(exc)
+    except ValueError as exc:  # NetworkAddress.parse(--dist-init-addr)
+        frame, error = 'File "sglang/srt/utils/network.py", in parse', f"ValueError: {exc}"
+    log(
+        spec.log_prefix,
+        f"Scheduler hit an exception: Traceback (most recent call last):\n  {frame}\n{error}",
+    )
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(spec.parent_pid, signal.SIGQUIT)
+    # The function returns (exit 0) while the parent's handler kills the tree: wait for that kill,
+    # so that the parent's SIGQUIT path, not a dead rank, decides how the launch ends.
+    deadline = time.monotonic() + 10.0
+    while os.getppid() == spec.parent_pid and time.monotonic() < deadline:
+        time.sleep(_TICK_S)
+    os._exit(0)
 
 
 class _Gpu:
@@ -164,17 +215,22 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     gpu = _Gpu(spec)
     if plan.cuda_context_bytes:
         gpu.hold(plan.cuda_context_bytes)  # torch's CUDA context, before the first measurement
+    comm = _join_world(spec, conn)
     for mq_size in spec.broadcasts:  # init_torch_distributed, before the weights load
         shm.nodecheck_then_mq(mq_size)
+    if comm is not None:
+        from supervisor.testing import gate  # imports this module: not at the top
+
+        gate.wait_for_gate(comm, p, lambda seconds: _wait(conn, seconds, comm))
     log(p, memlog.load_begin(gpu.free()))
     began = time.monotonic()
     if scenario.exit_code_on_start is not None and spec.rank == 0:
-        _wait(conn, scenario.startup_s / 2)
+        _wait(conn, scenario.startup_s / 2, comm)
         os._exit(scenario.exit_code_on_start)  # dies outside Python's handlers (no SIGQUIT)
     if spec.draws_shard_bar:  # torch.distributed rank 0 (weight_utils.py enable_tqdm)
-        load_shards(scenario.weight_shards, scenario.startup_s, lambda s: _wait(conn, s))
+        load_shards(scenario.weight_shards, scenario.startup_s, lambda s: _wait(conn, s, comm))
     else:
-        _wait(conn, scenario.startup_s)
+        _wait(conn, scenario.startup_s, comm)
     gpu.hold(plan.weights_bytes)
     log(p, memlog.load_end(plan, time.monotonic() - began, gpu.free()))
     runtime = touch_memory(spec.runtime_real_bytes, shared=False)
@@ -184,11 +240,14 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     for line in memlog.host_pool_lines(plan):
         log(p, line)
     pool = touch_memory(spec.pool_real_bytes, shared=True) if spec.pool_real_bytes > 0 else None
+    _check_world(comm)
     conn.send(("ready", os.getpid()))
-    _serve(spec, conn, keep=(runtime, pool))
+    _serve(spec, conn, keep=(runtime, pool), comm=comm)
 
 
-def _serve(spec: RankSpec, conn: Connection, keep: tuple[object, ...]) -> None:
+def _serve(
+    spec: RankSpec, conn: Connection, keep: tuple[object, ...], comm: Communicator | None
+) -> None:
     """The rank's event loop: answer pings and fire the scenario's timed events.
 
     `keep` holds the rank's pools: mapped and resident for as long as this frame lives.
@@ -203,8 +262,9 @@ def _serve(spec: RankSpec, conn: Connection, keep: tuple[object, ...]) -> None:
     fault = scenario.gpu_fault if spec.state_dir else None
     fault_due = fault is not None and fault.rank == spec.rank
     while True:
+        _check_world(comm)
         if conn.poll(_TICK_S):
-            handle_message(conn, obeys_shutdown=True)
+            handle_message(conn, obeys_shutdown=True, comm=comm)
         age_s = time.monotonic() - up_at
         crash = scenario.crash
         if crash is not None and crash.rank == spec.rank and age_s >= crash.after_s:

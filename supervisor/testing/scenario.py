@@ -94,6 +94,8 @@ class Scenario:
     log_lines: tuple[str, ...] = field(default_factory=tuple)  # printed at start, $VARs expanded
     weight_shards: int = 8  # checkpoint files rank 0's meter counts over startup_s
     gpu_fault: GpuFault | None = None
+    dist_timeout_s: float = 60.0  # rendezvous at --dist-init-addr (--dist-timeout wins)
+    nccl_timeout_s: float = 1.0  # a broken communicator hangs the survivors after this long
 
 
 _NUMBER = (int, float)
