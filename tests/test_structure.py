@@ -23,6 +23,7 @@ FLOORS: dict[str, float] = {
     "adapters": 1,
     "testing": 1.5,
     "preflight": 2,
+    "group": 2.5,  # a multi-node group's coordination: the run loop calls it
     "run": 3,
     "memory": 4,
     "commands": 5,

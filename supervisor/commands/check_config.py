@@ -153,11 +153,23 @@ def preview(settings: RunSettings) -> dict[str, Any]:
         "state_note": state_note,
         "command": [redact_line(t) for t in redact_argv(settings.server_command)],
         "argv": list(redact_argv(argv)),
+        "group": _group(settings),
         "override": override,
         "preflight": _preflight(fit),
         "environment": environment(settings),
         "limits": limits(settings, fit, settings.reader.plan(argv)),
     }
+
+
+def _group(settings: RunSettings) -> dict[str, Any] | None:
+    """Group mode as `run` would join it (docs/multi-node.md); the token is never shown."""
+    from supervisor.group.setup import describe, leader_url
+
+    if settings.group is None:
+        return None
+    worker = not settings.group.is_leader
+    leader = leader_url(settings.group, settings.config, os.environ) if worker else None
+    return {**describe(settings.group), "leader_report_url": leader, "token": "***"}
 
 
 def _preflight(fit: FitReport | None) -> dict[str, Any]:
@@ -239,6 +251,13 @@ def render_text(view: Mapping[str, Any]) -> str:
         lines.append(f"state       {view['state_note']}")
     lines.append(f"command     {' '.join(view['command'])}")
     lines.append(f"argv        {' '.join(view['argv'])}")
+    if (group := view.get("group")) is not None:
+        leader = group["leader_report_url"]
+        role = "leader" if leader is None else f"worker, reports to {leader}"
+        lines.append(
+            f"group       {group['mode']}: node {group['node_rank']} of {group['size']} ({role}); "
+            f"--dist-init-addr {group['dist_init_addr']}, gate port {group['gate_port'] or 'none'}"
+        )
     if (override := view["override"]) is not None:
         lines.append(
             f"override    --hicache-size {override['hicache_size_gb']} GB since "

@@ -27,9 +27,9 @@ from supervisor.commands.run_options import (
     with_model_facts,
 )
 from supervisor.config import RunSettings, SupervisorConfig, load_config
-from supervisor.core.redact import secret_values
 from supervisor.core.sglang_args import ArgvError
 from supervisor.errors import ConfigError, ExitCode, ServerArgsRejected, SupervisorError
+from supervisor.group.setup import join_group
 from supervisor.log import register_secrets
 from supervisor.preflight.reader import argv_problem, launch_reader
 from supervisor.run.state import StateStore, default_state_dir
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from supervisor.adapters.cgroup import ServerCgroup
     from supervisor.adapters.events import QueueEvents
     from supervisor.core.ports import GpuSensor, Notifier
+    from supervisor.group.board import GroupBoard
     from supervisor.memory.guard import MemoryGuard
     from supervisor.run.plugins import ReloadHook
     from supervisor.run.runner import Runner
@@ -78,6 +79,8 @@ def build_settings(
     reader = launch_reader(config, args, command)
     try:
         reader.plan(args)
+        # Group mode: this node's group from the launcher's variables, its flags filled in.
+        group, args = join_group(config, os.environ, args, reader)
     except ArgvError as exc:  # SGLang would exit 2 on it: refuse before starting anything
         raise ServerArgsRejected(argv_problem(exc, reader)) from None
     state_dir = Path(run.state_dir) if run.state_dir else default_state_dir(run.name)
@@ -88,6 +91,7 @@ def build_settings(
         state_dir=state_dir,
         config_dir=config_path.parent if config_path is not None else None,
         reader=reader,
+        group=group,
     )
 
 
@@ -148,10 +152,12 @@ def run(
     \b
     sglang-supervisor run [--config FILE] [OPTIONS] -- <launch_server args>
     Exit codes: 0 stopped, 1 does not fit, 2 bad input, 3 SGLang rejected its
-    arguments, 4 startup failed, 5 crash loop, 6 GPU unrecoverable, 70 internal error.
+    arguments, 4 startup failed, 5 crash loop, 6 GPU unrecoverable, 8 the group
+    must be recreated (group mode: docs/multi-node.md), 70 internal error.
     """
     from supervisor.commands.check_config import print_preview, start_problem
     from supervisor.log import configure_logging, is_structured
+    from supervisor.run.reload import secrets_of
 
     # From the first moment: a refusal of the config itself is then a `fatal` event too, where
     # the log is JSON (the file's own log_format applies once it is read).
@@ -174,12 +180,7 @@ def run(
         return settings
 
     settings = read_settings()
-    register_secrets(
-        secret_values(
-            settings.reader.plan(settings.server_args),
-            {**os.environ, **settings.config.server.env},
-        )
-    )
+    register_secrets(secrets_of(settings))
     if dry_run:
         return print_preview(settings, as_json=is_structured())
     store = StateStore(settings.state_dir, keep_files=settings.run.keep_files)
@@ -204,9 +205,10 @@ def build_runner(
     cgroup: ServerCgroup | None = None,
     reload_settings: Callable[[], RunSettings] | None = None,
     reload_hooks: tuple[ReloadHook, ...] = (),
+    board: GroupBoard | None = None,
 ) -> Runner:
-    """The production runner: real processes, HTTP health probes, the system clock.
-    `reload_settings` reads the settings again at a SIGHUP (None: no config file to read)."""
+    """The production runner: real processes, HTTP health probes, the system clock. The
+    settings are read again at a SIGHUP by `reload_settings` (None: no config file to read)."""
     from supervisor.adapters import shm
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.credentials import resolve_credentials
@@ -214,8 +216,10 @@ def build_runner(
     from supervisor.adapters.ledger import open_ledger
     from supervisor.adapters.processes import SystemProcesses
     from supervisor.adapters.server_process import SubprocessLauncher
+    from supervisor.group.setup import node_handshake
     from supervisor.memory.incident import opener
     from supervisor.run.gpu_events import merged, watch_plugins
+    from supervisor.run.group_mode import group_plugins
     from supervisor.run.plugins import RunnerIO
     from supervisor.run.reload import live_probes
     from supervisor.run.runner import Runner
@@ -242,9 +246,11 @@ def build_runner(
         # A run is on this host even when its facts are given: it keeps the ledger always.
         reservations=open_ledger(settings.config.preflight.ledger_dir, settings.instance),
         reload_settings=reload_settings,
+        group=node_handshake(settings.group, settings.config, os.environ, board),
     )
     xid_incident = opener(settings.state_dir, "gpu_xid", settings.run.keep_files)
-    plugins = merged(guard.plugins, watch_plugins(sensor, store, xid_incident))
+    events_watch = watch_plugins(sensor, store, xid_incident)
+    plugins = merged(guard.plugins, events_watch, group_plugins(settings))
     plugins = dataclasses.replace(plugins, reload_hooks=(*plugins.reload_hooks, *reload_hooks))
     runner = Runner(settings, store, io, plugins)
     return runner
@@ -257,6 +263,7 @@ def _run_supervisor(
 ) -> int:
     from supervisor.adapters import events as signals
     from supervisor.adapters.server_process import become_subreaper
+    from supervisor.group.setup import leader_board
     from supervisor.run.containment import contain, release
     from supervisor.run.metrics import serve_metrics
 
@@ -270,8 +277,12 @@ def _run_supervisor(
         # Before any child (the NVML worker) starts: it then lives in our own leaf group.
         containment = contain(settings.instance, settings.run.cgroup)
         try:
-            with serve_metrics(settings):  # from before the first launch to the end
-                return _supervise(settings, store, containment.server, events, reload_settings)
+            # The leader's board: the group's endpoints on the listener, the decision in the loop.
+            board = leader_board(settings.group, settings.config.group, os.environ)
+            with serve_metrics(settings, board):  # from before the first launch to the end
+                return _supervise(
+                    settings, store, containment.server, events, reload_settings, board
+                )
         finally:
             release(containment)
     finally:
@@ -284,6 +295,7 @@ def _supervise(
     cgroup: ServerCgroup | None,
     events: QueueEvents,
     reload_settings: Callable[[], RunSettings] | None = None,
+    board: GroupBoard | None = None,
 ) -> int:
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.memory.guard import MemoryGuard
@@ -295,13 +307,10 @@ def _supervise(
     log = structlog.get_logger("supervisor.run")
     gpu = settings.config.gpu
     backend = launch.resolve_gpu_backend(gpu.backend)
-    sensor = (
-        None
-        if backend == "none"
-        else guarded_sensor(
-            backend, timeout_s=gpu.nvml_timeout_s, start_timeout_s=gpu.nvml_start_timeout_s
-        )
-    )
+    sensor = None
+    if backend != "none":
+        start_s = gpu.nvml_start_timeout_s
+        sensor = guarded_sensor(backend, timeout_s=gpu.nvml_timeout_s, start_timeout_s=start_s)
     guard = MemoryGuard(
         settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
     )
@@ -317,6 +326,7 @@ def _supervise(
         cgroup=cgroup,
         reload_settings=reload_settings,
         reload_hooks=(hooks.reload,),
+        board=board,
     )
     log.info(
         "settings",

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from supervisor.config.sections import RunConfig, SupervisorConfig
+from supervisor.core.group import GroupSpec
 from supervisor.core.sglang_launch import LaunchReader
 
 
@@ -20,6 +21,9 @@ class RunSettings:
     config_dir: Path | None = None  # relative paths in the config file are looked up here
     # How the argv is read: the SGLang release's rules and its --config YAML, resolved once.
     reader: LaunchReader = dataclasses.field(default_factory=LaunchReader)
+    # Group mode (docs/multi-node.md): this node's place in a multi-node group, the group's
+    # flags already in server_args; None: one box.
+    group: GroupSpec | None = None
 
     @property
     def run(self) -> RunConfig:

@@ -144,6 +144,21 @@ _TEMPLATES: dict[str, str] = {
     # GPU driver events while serving (run/gpu_events.py)
     "gpu_events_unwatched": "GPU driver events not watched: {reason}",
     "gpu_event_watch_failed": "GPU event watch failed (a bug; traceback follows)",
+    # group mode (supervisor/group, docs/multi-node.md)
+    "group_detected": "node {node_rank} of a {mode} group of {size}, leader {leader}",
+    "group_single_node": "a group of one node: supervised as one box",
+    "group_gate_unavailable": "no launch gate ({reason}): the group launches on its decision",
+    "group_leader_resolving": "waiting for the leader address {leader} to resolve",
+    "group_leader_resolved": "leader address {leader} resolved after {waited_s:secs}",
+    "group_report_sent": "pre-flight report sent to the leader: {summary}",
+    "group_report_received": "node {node_rank} ({host}) reported: {summary}",
+    "group_waiting": "waiting for the report of node {missing_nodes}",
+    "group_decision": "the group's decision: {state}",
+    "group_refused": "the group refuses to launch: {reason}",
+    "group_hicache_applied": "the group's --hicache-size {hicache_size_gb} applied (this node "
+    "planned {own_gb})",
+    "group_gate_opened": "SGLang's launch gate opened",
+    "group_must_recreate": "the group must be recreated: {failure}: {hint}",
 }
 
 

@@ -220,6 +220,7 @@ def _gate(
         return tuple(argv), report
     refusal = PreflightFailed(_refusal(report, why_not, auto_size=run.auto_size))
     refusal.detail_logged = True  # the table: the preflight_report event, as fields
+    refusal.fit = report
     raise refusal
 
 

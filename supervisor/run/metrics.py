@@ -1,12 +1,16 @@
 """The metrics of one `run`: fed from the event tap, served on `[http] listen` and written to
-`[metrics] textfile`, from before the first launch until the run ends.
+`[metrics] textfile`, from before the first launch until the run ends; beside them on the same
+listener the probes /healthz and /readyz, and on a group's leader the group's endpoints.
 
 A port already in use costs the listener, not the run: a warning names it and the run goes on.
+In group mode the listener is always on (`$POD_IP:9400` when `[http] listen` is empty) and a
+port it cannot bind ends the run (exit 2): the group's decision and the probes live there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -17,6 +21,10 @@ from supervisor.adapters.http_server import HttpListener
 from supervisor.adapters.metrics import SupervisorMetrics, TextfileWriter
 from supervisor.config import RunSettings
 from supervisor.core.units import GB
+from supervisor.errors import ConfigError
+from supervisor.group.board import REPORT_PATH, STATUS_PATH, GroupBoard
+from supervisor.group.health import NodeProbes
+from supervisor.group.setup import listen_address
 from supervisor.log import add_sink, remove_sink
 
 log = structlog.get_logger("supervisor.metrics")
@@ -57,22 +65,39 @@ def _hicache_bytes(settings: RunSettings) -> Callable[[Sequence[str]], int | Non
     return size
 
 
-def _listen(metrics: SupervisorMetrics, address: tuple[str, int]) -> HttpListener | None:
+def _listen(
+    settings: RunSettings,
+    address: tuple[str, int],
+    metrics: SupervisorMetrics,
+    probes: NodeProbes,
+    board: GroupBoard | None,
+) -> HttpListener | None:
     host, port = address
     listener = HttpListener(host, port)
     listener.route("/metrics", metrics.serve)
+    probes.serve_on(listener)
+    if board is not None:
+        board.serve_on(listener)
     try:
         bound_host, bound_port = listener.start()
     except OSError as exc:
+        error = exc.strerror or str(exc)
+        if settings.group is not None:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({error}): group mode needs the supervisor's "
+                "listener for the group's decision and the probes ([http] listen)"
+            ) from None
         log.warning(
             "metrics_listen_failed",
             host=host,
             port=port,
-            error=exc.strerror or str(exc),
+            error=error,
             detail=f"no /metrics on port {port}; the run goes on",
         )
         return None
-    log.info("http_listening", host=bound_host, port=bound_port, paths=["/metrics"])
+    paths = ["/metrics", "/healthz", "/readyz"]
+    paths += [REPORT_PATH, STATUS_PATH] if board is not None else []
+    log.info("http_listening", host=bound_host, port=bound_port, paths=paths)
     return listener
 
 
@@ -91,21 +116,34 @@ def _textfile(metrics: SupervisorMetrics, path: Path) -> TextfileWriter:
 
 
 @contextlib.contextmanager
-def serve_metrics(settings: RunSettings) -> Iterator[SupervisorMetrics | None]:
+def serve_metrics(
+    settings: RunSettings, board: GroupBoard | None = None
+) -> Iterator[SupervisorMetrics | None]:
     """The run's metrics while the block runs (None when neither listener nor textfile is on);
-    at its end the listener is closed and the textfile written a last time."""
-    address = settings.config.http.address
+    at its end the listener is closed and the textfile written a last time. `board`: the
+    group's endpoints, on a group's leader.
+
+    Raises:
+        ConfigError: group mode, and the listener cannot bind.
+    """
+    address = listen_address(settings.config.http, settings.group, os.environ)
     path = textfile_path(settings)
     if address is None and path is None:
         yield None
         return
     metrics = SupervisorMetrics(settings.instance, __version__, _hicache_bytes(settings))
+    probes = NodeProbes(group=settings.group is not None)
     add_sink(metrics)
-    listener = _listen(metrics, address) if address is not None else None
-    writer = _textfile(metrics, path) if path is not None else None
+    add_sink(probes)
+    listener: HttpListener | None = None
+    writer: TextfileWriter | None = None
     try:
+        if address is not None:
+            listener = _listen(settings, address, metrics, probes, board)
+        writer = _textfile(metrics, path) if path is not None else None
         yield metrics
     finally:
+        remove_sink(probes)
         remove_sink(metrics)
         if listener is not None:
             listener.close()

@@ -25,6 +25,7 @@ from supervisor.core.ports import (
     ServerLauncher,
 )
 from supervisor.core.sglang_args import LaunchPlan
+from supervisor.group.handshake import GroupHandshake
 from supervisor.run.death import DeathHook
 from supervisor.run.gpu_wait import GpuRelease, ReleaseResult
 
@@ -79,6 +80,8 @@ class RunnerIO:
     # The settings read again from the config file (SIGHUP); raises SupervisorError on a bad
     # one. None: nothing to re-read (no --config).
     reload_settings: Callable[[], RunSettings] | None = None
+    # Group mode: this node's part in the group's launch decision (None: one box).
+    group: GroupHandshake | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,8 @@ each changed key takes effect):
   watchdog's levels and the hooks (through Plugins.reload_hooks), the log level;
 - what is read at a launch (the server's argv and environment, the pre-flight's facts) waits for
   the next restart of the server (`reload_pending`), or with `[run] restart_on_reload` the
-  server is drained and relaunched now;
+  server is drained and relaunched now (refused in group mode: a relaunch in place breaks the
+  group);
 - what is set up once at start (state directory, cgroup, GPU access, log format, ...) keeps its
   old value until the supervisor itself restarts (`reload_pending`, `at_next_start`).
 """
@@ -32,6 +33,7 @@ from supervisor.core.redact import Redactor, secret_values
 from supervisor.core.reload import ReloadPlan, plan_reload
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.errors import ConfigError, SupervisorError
+from supervisor.group.setup import group_secrets
 from supervisor.log import configure_logging, configured_format, register_secrets
 
 if TYPE_CHECKING:
@@ -79,6 +81,12 @@ def reload_config(runner: Runner) -> bool:
             restart_on_reload=new.run.restart_on_reload,
         )
         effective = keep_until_start(new, runner.settings, plan.next_start)
+        if plan.restart_server and runner.settings.group is not None:
+            raise ConfigError(
+                "group mode: this change needs a relaunch of the server, and a relaunch in "
+                "place breaks the group (its other nodes hold the old communicator): restart "
+                "the group to apply it"
+            )
     except SupervisorError as exc:
         log.error("reload_refused", reason=str(exc), action="the config in force stays")
         return False
@@ -132,7 +140,7 @@ def put_in_force(runner: Runner, new: RunSettings, plan: ReloadPlan) -> None:
     if plan.next_launch:
         runner.plan = new.reader.plan(new.server_args)
         # The old server may still print the old secrets: both stay masked.
-        values = (*_secrets(old), *_secrets(new))
+        values = (*secrets_of(old), *secrets_of(new))
         runner.redact = Redactor(values)
         register_secrets(values)
         runner.launched_argv = None  # the pre-flight runs again before the next launch
@@ -143,9 +151,11 @@ def put_in_force(runner: Runner, new: RunSettings, plan: ReloadPlan) -> None:
         hook(new)
 
 
-def _secrets(settings: RunSettings) -> tuple[str, ...]:
+def secrets_of(settings: RunSettings) -> tuple[str, ...]:
+    """Every secret of these settings: the server's (argv, environment) and the group token."""
     plan = settings.reader.plan(settings.server_args)
-    return secret_values(plan, {**os.environ, **settings.config.server.env})
+    env = {**os.environ, **settings.config.server.env}
+    return (*secret_values(plan, env), *group_secrets(settings.config, settings.group))
 
 
 def _check_same_gpus(runner: Runner, new: RunSettings) -> None:

@@ -5,11 +5,15 @@ The restart budget's window lives in the state file, so a supervisor that system
 after a crash loop goes on with it instead of starting fresh. The core counts on the monotonic
 clock, which does not survive a restart: the times are stored as wall-clock epoch seconds and
 converted here, at the edge.
+
+In group mode nothing is restarted in place (run/group_mode.py): the death is filed the same
+way, then the run ends with exit 8 so that the launcher recreates the whole group.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -20,6 +24,7 @@ from supervisor.core.backoff import (
     RunEnd,
     decide_after_failure,
 )
+from supervisor.core.lifecycle import ServerState
 from supervisor.core.ports import Clock
 from supervisor.errors import (
     ConfigError,
@@ -29,8 +34,13 @@ from supervisor.errors import (
     StartupFailed,
     SupervisorError,
 )
+from supervisor.run import group_mode
 from supervisor.run.death import DeathReport
+from supervisor.run.events import StopRequested
 from supervisor.run.state import RunState, StateStore
+
+if TYPE_CHECKING:
+    from supervisor.run.runner import Runner
 
 log = structlog.get_logger("supervisor.run")
 
@@ -111,3 +121,38 @@ def decide_restart(
     if decision.end is not None:
         raise _END_ERRORS[decision.end](hint)
     return budget, decision
+
+
+def after_death(runner: Runner, death: DeathReport) -> float:
+    """The delay before the next launch (the `restarting` event); raises when the run must end
+    instead, in group mode always (GroupMustRecreate, once the GPUs are released)."""
+    runner.budget, decision = decide_restart(
+        runner.budget,
+        death,
+        store=runner.store,
+        clock=runner.clock,
+        restart_window_s=runner.run_cfg.restart_window_s,
+    )
+    if runner.settings.group is not None:
+        group_mode.recreate(runner, death)
+    runner.set_state(
+        ServerState.BACKOFF,
+        failure=death.classification.kind.value,
+        delay_s=decision.delay_s,
+        attempt=decision.attempt,
+        restart_count=runner.budget.total_restarts,
+        event_name="restarting",
+    )
+    return decision.delay_s
+
+
+def backoff(runner: Runner, delay_s: float) -> bool:
+    """Wait `delay_s`; False when a stop signal arrived meanwhile."""
+    try:
+        runner.wait_clock.sleep(delay_s)
+    except StopRequested as stop:
+        runner.stopped_while_waiting(stop.event.name)
+        return False
+    finally:
+        runner.wait_clock.held.clear()  # watchdog events of a dead server are stale
+    return True

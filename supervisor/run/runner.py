@@ -33,7 +33,7 @@ from supervisor.core.ports import LaunchedServer
 from supervisor.core.redact import Redactor, secret_values
 from supervisor.core.sglang_args import redact_argv
 from supervisor.errors import SupervisorError
-from supervisor.run import launch, override, reload
+from supervisor.run import group_mode, launch, override, reload, restart
 from supervisor.run.death import (
     Death,
     DeathReport,
@@ -46,7 +46,7 @@ from supervisor.run.gpu_wait import GpuRelease
 from supervisor.run.leftovers import clean_leftovers
 from supervisor.run.monitor import LaunchMonitor, monitor_for
 from supervisor.run.plugins import Component, LaunchInfo, Plugins, RunnerIO
-from supervisor.run.restart import decide_restart, restore_budget
+from supervisor.run.restart import restore_budget
 from supervisor.run.state import StateStore
 
 log = structlog.get_logger("supervisor.run")
@@ -106,6 +106,7 @@ class Runner:
         """Supervise until stopped (0) or a failure that ends the run (raises SupervisorError)."""
         try:
             self.clean_leftovers()
+            group_mode.before_first_launch(self)  # group mode: the leader's address resolves
             self.wait_clock.poll()  # a stop that came during start-up: no launch at all
             while True:
                 death = self.supervise_once()
@@ -113,8 +114,8 @@ class Runner:
                     return 0
                 if death is None:
                     continue
-                delay_s = self.decide_restart(death)
-                if not self.backoff(delay_s):
+                delay_s = restart.after_death(self, death)  # group mode: exit 8 instead
+                if not restart.backoff(self, delay_s):
                     return 0
                 self.plugins.before_relaunch(self.release, death.pids, self.wait_clock)
                 self.release.wait(death.pids, self.wait_clock)
@@ -221,8 +222,8 @@ class Runner:
         launch, and whenever the argv changed). Its report travels with the launch."""
         argv = override.launch_override(self.settings, self.store, self.clock.wall())
         book = self.io.reservations
-        if self.launched_argv is None or argv != self.launched_argv:
-            argv, self.fit = launch.preflight_gate(self.settings, argv, self.io.sensor, book)
+        if self.launched_argv is None or argv != self.launched_argv:  # and the group's decision
+            argv, self.fit = group_mode.preflight_gate(self, argv, book)
         else:  # the same argv again: the GPUs' health gate, the ledger's plan
             launch.relaunch_gate(self.settings, self.plan, self.io.sensor, self.fit, book)
         return argv
@@ -304,36 +305,6 @@ class Runner:
         for hook in self.plugins.death_hooks:
             hook(report)
         return report
-
-    def decide_restart(self, death: DeathReport) -> float:
-        """The delay before the next launch; raises when the run must end instead."""
-        self.budget, decision = decide_restart(
-            self.budget,
-            death,
-            store=self.store,
-            clock=self.clock,
-            restart_window_s=self.run_cfg.restart_window_s,
-        )
-        self.set_state(
-            ServerState.BACKOFF,
-            failure=death.classification.kind.value,
-            delay_s=decision.delay_s,
-            attempt=decision.attempt,
-            restart_count=self.budget.total_restarts,
-            event_name="restarting",
-        )
-        return decision.delay_s
-
-    def backoff(self, delay_s: float) -> bool:
-        """Wait `delay_s`; False when a stop signal arrived meanwhile."""
-        try:
-            self.wait_clock.sleep(delay_s)
-        except StopRequested as stop:
-            self.stopped_while_waiting(stop.event.name)
-            return False
-        finally:
-            self.wait_clock.held.clear()  # watchdog events of a dead server are stale
-        return True
 
     def stopped_while_waiting(self, signal_name: str) -> None:
         """A stop signal during a wait with no server running: nothing to drain."""
