@@ -50,6 +50,9 @@ class Hugepages:
         return self.page_bytes * self.free_pages
 
 
+_CAP_IPC_LOCK = 14  # linux/capability.h
+
+
 def _kv_file(path: Path) -> dict[str, int]:
     """Parse `key value [kB]` lines (meminfo, memory.stat); kB values become bytes."""
     out: dict[str, int] = {}
@@ -251,6 +254,18 @@ class HostProbe:
                 soft = line[len("Max locked memory") :].split()[0]
                 return None if soft == "unlimited" else int(soft)
         raise HostReadError(f"{path} has no 'Max locked memory' line")
+
+    def has_ipc_lock(self, pid: str = "self") -> bool:
+        """CAP_IPC_LOCK in the effective set (a pod's `capabilities.add: [IPC_LOCK]`): pinning
+        is then not bounded by RLIMIT_MEMLOCK. False when the status file is unreadable."""
+        try:
+            text = (self.proc_root / pid / "status").read_text(encoding="utf-8")
+        except OSError:
+            return False
+        for line in text.splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> _CAP_IPC_LOCK & 1)
+        return False
 
     def read_shm_bytes(self) -> int | None:
         """Size of the /dev/shm filesystem (NCCL's shared-memory transport lives there)."""

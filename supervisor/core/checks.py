@@ -38,11 +38,18 @@ class Check:
         return {"name": self.name, "status": self.status.value, "detail": self.detail}
 
 
-def check_memlock(limit_bytes: int | None, readable: bool = True) -> Check:
+def check_memlock(limit_bytes: int | None, readable: bool = True, ipc_lock: bool = False) -> Check:
+    """`ipc_lock`: the server inherits CAP_IPC_LOCK, which lifts RLIMIT_MEMLOCK for pinning."""
     if not readable:
         return Check("memlock", Status.WARN, "RLIMIT_MEMLOCK unreadable")
     if limit_bytes is None:
         return Check("memlock", Status.OK, "RLIMIT_MEMLOCK unlimited")
+    if ipc_lock:
+        return Check(
+            "memlock",
+            Status.OK,
+            f"RLIMIT_MEMLOCK {limit_bytes // 1024} KiB, lifted by CAP_IPC_LOCK",
+        )
     status = Status.WARN if limit_bytes < MEMLOCK_WARN_BYTES else Status.OK
     hint = " (LimitMEMLOCK=infinity or ulimit -l unlimited)" if status is Status.WARN else ""
     return Check("memlock", status, f"RLIMIT_MEMLOCK {limit_bytes // 1024} KiB{hint}")

@@ -226,8 +226,13 @@ def local_checks(
     probe: HostProbe,
     env: Mapping[str, str],
     pools_bytes: int | None,
+    *,
+    same_user: bool = True,
 ) -> list[Check]:
-    """Checks that only make sense on the box itself (skipped when planning another one)."""
+    """Checks that only make sense on the box itself (skipped when planning another one).
+
+    `same_user`: the server runs as this process's user, so it inherits its capabilities
+    (a switch to [server] user drops them)."""
     checks: list[Check] = []
     if plan.node_rank == 0:
         bound = is_port_bound(plan.host, plan.port)
@@ -238,7 +243,8 @@ def local_checks(
         )
     checks.append(gpu_holders_check(plan, gpus, probe))
     try:
-        checks.append(check_memlock(probe.read_memlock_limit()))
+        ipc_lock = same_user and probe.has_ipc_lock()
+        checks.append(check_memlock(probe.read_memlock_limit(), ipc_lock=ipc_lock))
     except HostReadError:
         checks.append(check_memlock(None, readable=False))
     checks.append(check_shm(probe.read_shm_bytes()))

@@ -204,7 +204,8 @@ def run_preflight(
     checks += [*device_checks, *host_checks, *numa_checks, *_ledger_checks(claims), *host.checks]
     if not planning:
         pools = None if host.pool_bytes is None else host.pool_bytes * plan.local_ranks
-        checks.extend(local_checks(plan, gpus, probe, env, pools))
+        same_user = config.server.user is None and config.server.group is None
+        checks.extend(local_checks(plan, gpus, probe, env, pools, same_user=same_user))
     report = _report(argv, plan, model, gpus, device, host, budget, numa, rules, config, checks)
     return dataclasses.replace(report, deployment=deployment)
 

@@ -215,3 +215,17 @@ def test_sglang_version_for_this_interpreter_reads_metadata_in_process():
     # SGLang is not installed in the test environment: unknown, never an import.
     assert installed_sglang_version(None) is None
     assert "sglang" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("cap_eff", "expected"),
+    [("00000000a80425fb", False), ("00000000a80465fb", True), ("000001ffffffffff", True)],
+)
+def test_cap_ipc_lock_is_read_from_the_effective_set(roots, cap_eff, expected):
+    # bit 14 is CAP_IPC_LOCK: docker's default set lacks it, `capabilities.add: [IPC_LOCK]` sets it
+    write(roots[0] / "self" / "status", f"Name:\tpython\nCapInh:\t0\nCapEff:\t{cap_eff}\n")
+    assert probe_for(roots).has_ipc_lock() is expected
+
+
+def test_no_status_file_means_no_cap_ipc_lock(roots):
+    assert probe_for(roots).has_ipc_lock() is False

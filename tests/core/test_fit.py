@@ -289,6 +289,9 @@ def test_host_check_decisions():
     assert check_memlock(None).status is Status.OK
     assert check_memlock(8 * MiB).status is Status.WARN
     assert check_memlock(0, readable=False).status is Status.WARN
+    lifted = check_memlock(8 * MiB, ipc_lock=True)
+    assert lifted.status is Status.OK
+    assert "CAP_IPC_LOCK" in lifted.detail
     assert check_shm(64 * MiB).status is Status.WARN
     assert check_shm(None).status is Status.WARN
     assert check_shm(32 * GiB).status is Status.OK
