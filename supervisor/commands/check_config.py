@@ -214,6 +214,8 @@ def limits(settings: RunSettings, fit: FitReport | None, plan: Any) -> dict[str,
         },
         "startup": {"stall_s": run.startup_stall_timeout_s, "timeout_s": run.startup_timeout_s},
         "restarts": {
+            # group mode: a failure ends the node with exit 8, the launcher recreates the group
+            "in_place": settings.group is None,
             "backoff_initial_s": run.backoff_initial_s,
             "backoff_max_s": run.backoff_max_s,
             "stable_after_s": run.stable_after_s,
@@ -275,6 +277,17 @@ def render_text(view: Mapping[str, Any]) -> str:
     return "\n".join([*lines, *_limit_lines(view["limits"])])
 
 
+def _restart_line(restarts: Mapping[str, Any]) -> str:
+    loop = f"crash loop: more than {restarts['max_restarts']} in {restarts['restart_window_s']:g} s"
+    if not restarts["in_place"]:
+        return f"restarts    never in place (group mode): a failure ends this node, exit 8; {loop}"
+    return (
+        f"restarts    after {restarts['backoff_initial_s']:g} s doubling to "
+        f"{restarts['backoff_max_s']:g} s (reset after {restarts['stable_after_s']:g} s "
+        f"ready); {loop}; restart_on_reload {str(restarts['restart_on_reload']).lower()}"
+    )
+
+
 def _limit_lines(limits: Mapping[str, Any]) -> list[str]:
     health, startup, restarts = limits["health"], limits["startup"], limits["restarts"]
     stop, dog, hooks = limits["stop"], limits["watchdog"], limits["hooks"]
@@ -289,11 +302,7 @@ def _limit_lines(limits: Mapping[str, Any]) -> list[str]:
         f"{health['timeout_s']:g} s, dead after {health['failure_threshold']} failures",
         f"startup     stuck after {startup['stall_s']:g} s without progress, at most "
         f"{startup['timeout_s']:g} s",
-        f"restarts    after {restarts['backoff_initial_s']:g} s doubling to "
-        f"{restarts['backoff_max_s']:g} s (reset after {restarts['stable_after_s']:g} s "
-        f"ready); crash loop: more than {restarts['max_restarts']} in "
-        f"{restarts['restart_window_s']:g} s; restart_on_reload "
-        f"{str(restarts['restart_on_reload']).lower()}",
+        _restart_line(restarts),
         f"stop        SIGTERM, {stop['grace_s']:g} s to drain ({stop['worker_grace_s']:g} s on "
         "worker nodes), then SIGKILL",
         f"watchdog    {'on' if dog['enabled'] else 'off'}: {levels} of host headroom; tree "

@@ -135,6 +135,14 @@ def test_a_dry_run_shows_the_filled_flags_and_the_group_but_never_the_token(
         "token": "***",
     }
     assert TOKEN not in out + err
+    assert view["limits"]["restarts"]["in_place"] is False
+
+
+def test_the_text_preview_of_a_group_node_says_it_never_restarts_in_place():
+    text = _restart_text(in_place=False)
+    assert "never in place (group mode)" in text
+    assert "doubling" not in text
+    assert "doubling" in _restart_text(in_place=True)
 
 
 def test_a_group_of_one_node_is_one_box(tmp_path, capsys, monkeypatch):
@@ -154,3 +162,18 @@ def test_mode_off_ignores_the_launchers_variables(tmp_path, capsys, monkeypatch)
     code, out, _err = run_cli(capsys, tmp_path, "--tp", "2", extra='[group]\nmode = "off"\n')
     assert code == 0
     assert json.loads(out)["group"] is None
+
+
+def _restart_text(*, in_place: bool) -> str:
+    from supervisor.commands.check_config import _restart_line
+
+    restarts = {
+        "in_place": in_place,
+        "backoff_initial_s": 10.0,
+        "backoff_max_s": 300.0,
+        "stable_after_s": 600.0,
+        "max_restarts": 5,
+        "restart_window_s": 3600.0,
+        "restart_on_reload": True,
+    }
+    return _restart_line(restarts)
