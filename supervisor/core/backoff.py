@@ -156,6 +156,21 @@ class RestartBudget:
         )
 
 
+def delay_before_start_s(budget: RestartBudget, now_s: float) -> float:
+    """What is left of the backoff the last failure earned, at a new start.
+
+    For a launcher that starts the next run at once (LeaderWorkerSet recreates a group within
+    seconds): the delay a relaunch in place would have waited is waited before the start instead,
+    less the time already gone since that failure.
+    """
+    window_start = now_s - budget.policy.restart_window_s
+    recent = [t for t in budget.restart_times_s if t > window_start]
+    if not recent:
+        return 0.0
+    earned_s = backoff_delay_s(budget.policy, len(recent))
+    return max(0.0, earned_s - max(0.0, now_s - max(recent)))
+
+
 def decide_after_failure(
     budget: RestartBudget, kind: FailureKind, now_s: float, *, was_ready: bool = False
 ) -> tuple[RestartBudget, RestartDecision]:

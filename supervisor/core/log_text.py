@@ -148,6 +148,8 @@ _TEMPLATES: dict[str, str] = {
     "group_detected": "node {node_rank} of a {mode} group of {size}, leader {leader}",
     "group_single_node": "a group of one node: supervised as one box",
     "group_gate_unavailable": "no launch gate ({reason}): the group launches on its decision",
+    "group_start_delayed": "waiting {delay_s:secs} before the group starts: the backoff after "
+    "{last_failure}",
     "group_leader_resolving": "waiting for the leader address {leader} to resolve",
     "group_leader_resolved": "leader address {leader} resolved after {waited_s:secs}",
     "group_report_sent": "pre-flight report sent to the leader: {summary}",

@@ -21,6 +21,7 @@ import structlog
 
 from supervisor.adapters import group_http
 from supervisor.config import RunSettings
+from supervisor.core.backoff import delay_before_start_s
 from supervisor.core.checks import FitReport
 from supervisor.core.events import Event
 from supervisor.core.ports import Reservations, ServerHandle
@@ -66,12 +67,33 @@ def before_first_launch(runner: Runner) -> None:
     spec = runner.settings.group
     if spec is None:
         return
+    wait_earned_backoff(runner)
     wait_until_resolved(
         spec.leader_host,
         clock=runner.wait_clock,
         timeout_s=runner.settings.config.group.resolve_timeout_s,
         resolves=group_http.resolves,
     )
+
+
+def wait_earned_backoff(runner: Runner) -> None:
+    """A group is recreated at once after a node's failure: the backoff that failure earned
+    (the state file's restart budget, node-local) is waited here, so a group that keeps failing
+    does not relaunch in a tight loop."""
+    now_s = runner.clock.monotonic()
+    delay_s = delay_before_start_s(runner.budget, now_s)
+    if delay_s <= 0:
+        return
+    state = runner.store.load()
+    log.warning(
+        "group_start_delayed",
+        delay_s=round(delay_s, 1),
+        restarts_in_window=runner.budget.restarts_in_window(now_s),
+        last_failure=state.last_failure,
+        detail="the backoff of this node's last failure, waited before the group starts again",
+    )
+    runner.notifier.status(f"waiting {delay_s:.0f} s: backoff after {state.last_failure}")
+    runner.wait_clock.sleep(delay_s)
 
 
 def preflight_gate(

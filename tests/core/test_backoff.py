@@ -11,6 +11,7 @@ from supervisor.core.backoff import (
     RunEnd,
     backoff_delay_s,
     decide_after_failure,
+    delay_before_start_s,
     terminal_end,
 )
 from supervisor.core.classify import FailureKind
@@ -167,3 +168,15 @@ def test_restarts_in_window_counts_only_the_window():
     assert budget.restarts_in_window(99.0) == 3
     assert budget.restarts_in_window(100.0) == 2
     assert budget.restarts_in_window(200.0) == 0
+
+
+def test_the_delay_before_a_start_is_what_the_last_failure_earned_less_the_time_since():
+    policy = BackoffPolicy(initial_s=10.0, max_s=300.0, restart_window_s=1800.0)
+    assert delay_before_start_s(RestartBudget(policy), 1000.0) == 0.0
+    one = RestartBudget(policy, restart_times_s=(997.0,))
+    assert delay_before_start_s(one, 1000.0) == 7.0  # 10 s earned, 3 s gone
+    three = RestartBudget(policy, restart_times_s=(900.0, 950.0, 990.0))
+    assert delay_before_start_s(three, 1000.0) == 30.0  # 40 s earned, 10 s gone
+    assert delay_before_start_s(one, 1100.0) == 0.0  # long gone
+    outside = RestartBudget(policy, restart_times_s=(-900.0,))
+    assert delay_before_start_s(outside, 1000.0) == 0.0  # outside the window: forgotten

@@ -160,6 +160,45 @@ def test_a_crash_loop_across_recreations_keeps_exit_5(tmp_path):
     assert len(w.launcher.started) == 1
 
 
+def test_a_recreated_node_waits_the_backoff_its_last_failure_earned_before_it_starts(tmp_path):
+    w = world(tmp_path)
+    w.store.ensure_writable()
+    w.store.update(
+        lambda s: dataclasses.replace(
+            s,
+            restart_count=2,
+            restart_times=(w.clock.wall() - 300.0, w.clock.wall() - 4.0),
+            last_failure="memory_kill",
+        )
+    )
+    start = node_settings(tmp_path, 0, backoff_initial_s=10.0, backoff_max_s=300.0)
+    run = node(w, start, board=worker_reported(GroupBoard(2, TOKEN)), watch_gpus=False)
+    launched_at: list[float] = []
+    w.launcher.on_start = lambda _server: launched_at.append(w.clock.now)
+    began = w.clock.now
+    w.events.at(READY_AT + 60.0, SIGTERM)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    delayed = next(e for e in logs if e["event"] == "group_start_delayed")
+    # two restarts in the window earn 10 s x 2; the last was 4 s ago
+    assert (delayed["delay_s"], delayed["restarts_in_window"]) == (16.0, 2)
+    assert delayed["last_failure"] == "memory_kill"
+    assert launched_at
+    assert launched_at[0] - began >= 16.0  # on the fake clock: the wait was waited
+
+
+def test_a_node_whose_last_failure_is_older_than_its_backoff_starts_at_once(tmp_path):
+    w = world(tmp_path)
+    w.store.ensure_writable()
+    w.store.update(lambda s: dataclasses.replace(s, restart_times=(w.clock.wall() - 60.0,)))
+    start = node_settings(tmp_path, 0, backoff_initial_s=10.0)
+    run = node(w, start, board=worker_reported(GroupBoard(2, TOKEN)), watch_gpus=False)
+    w.events.at(READY_AT + 5.0, SIGTERM)
+    with capture_logs() as logs:
+        assert run.run() == 0
+    assert "group_start_delayed" not in [e["event"] for e in logs]
+
+
 def test_a_worker_that_never_reports_ends_the_leader_with_exit_8_before_any_launch(tmp_path):
     w = world(tmp_path)
     run = node(w, node_settings(tmp_path, 0), board=GroupBoard(2, TOKEN), timeout_s=90.0)
