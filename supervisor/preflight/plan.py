@@ -184,8 +184,7 @@ def run_preflight(
     device, deployment, device_checks = _device(config, plan, model, gpus, reader.rules, env, state)
     available, cgroup, host_checks = _usable(config, probe)
     usable = available if cgroup is None else min(available, cgroup)
-    claims = tuple(reserved)
-    budget = _budget(config, plan, model, usable, sum(r.outstanding_bytes for r in claims))
+    budget = _budget(config, plan, model, usable, sum(r.outstanding_bytes for r in reserved))
     numa, numa_checks = numa_loads(config, plan, gpus, probe, planning, env)
     rules = reader.rules
     host = assess_host(
@@ -201,10 +200,10 @@ def run_preflight(
     notes = [Check("sglang_args", Status.WARN, note) for note in reader.notes(plan)]
     checks = [*notes, model_check(model.info), *_split_checks(model, plan), *gpus.checks]
     checks += _health_checks(config, plan, gpus, gpu_sensor, health)
-    checks += [*device_checks, *host_checks, *numa_checks, *_ledger_checks(claims), *host.checks]
+    checks += [*device_checks, *host_checks, *numa_checks, *_ledger_checks(reserved), *host.checks]
     if not planning:
         pools = None if host.pool_bytes is None else host.pool_bytes * plan.local_ranks
-        same_user = config.server.user is None and config.server.group is None
+        same_user = not (config.server.user or config.server.group)  # else capabilities drop
         checks.extend(local_checks(plan, gpus, probe, env, pools, same_user=same_user))
     report = _report(argv, plan, model, gpus, device, host, budget, numa, rules, config, checks)
     return dataclasses.replace(report, deployment=deployment)

@@ -191,7 +191,9 @@ class LaunchMonitor:
             return TickResult()
         self.failures += 1
         if self.failures >= self.run.failure_threshold:
-            detail = f"{self.failures} consecutive failed health checks (last: {answer.value})"
+            # After ready a 503 is no warm-up: say what the server answered.
+            last = "503" if answer is HealthStatus.WARMING else answer.value
+            detail = f"{self.failures} consecutive failed health checks (last: {last})"
             return TickResult(death=Death(FailureKind.HEALTH_TIMEOUT, detail))
         return TickResult()
 
