@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from supervisor.core.group import GROUP_MODES
-from supervisor.core.group_report import token_problem
 from supervisor.errors import ConfigError
 
 _DERIVED_PORTS = 6
@@ -30,10 +28,30 @@ class GroupConfig:
     report_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
+        # The group's modules load only where [group] says something: every command reads the
+        # config, and the pre-flight's cold start counts every import (BENCHMARKS.md).
+        if self.mode != "auto":
+            self._check_mode()
+        self._check_ports()
+        for key in ("resolve_timeout_s", "report_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"config key group.{key[:-2]} must be positive")
+        if self.token:
+            from supervisor.core.group_report import token_problem
+
+            problem = token_problem(self.token)
+            if problem is not None:  # the value stays out of the message: it is a secret
+                raise ConfigError(f"config key group.token {problem}")
+
+    def _check_mode(self) -> None:
+        from supervisor.core.group import GROUP_MODES
+
         if self.mode not in GROUP_MODES:
             raise ConfigError(
                 f"config key group.mode must be one of {'|'.join(GROUP_MODES)} (got {self.mode!r})"
             )
+
+    def _check_ports(self) -> None:
         if not 1 <= self.dist_init_port <= 65535:
             raise ConfigError(
                 f"config key group.dist_init_port must be a port, 1 to 65535 "
@@ -53,9 +71,3 @@ class GroupConfig:
                 f"({self.dist_init_port}) or one of the {_DERIVED_PORTS} ports above it: SGLang "
                 "listens there on the leader"
             )
-        for key in ("resolve_timeout_s", "report_timeout_s"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"config key group.{key[:-2]} must be positive")
-        problem = token_problem(self.token) if self.token else None
-        if problem is not None:  # the value stays out of the message: it is a secret
-            raise ConfigError(f"config key group.token {problem}")
