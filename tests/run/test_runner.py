@@ -184,32 +184,6 @@ def test_a_load_without_progress_is_restarted_and_one_past_the_hard_limit_ends(t
     assert err.value.exit_code == 4
 
 
-def test_failing_health_checks_after_ready_restart_the_server(tmp_path: Path):
-    w = world(tmp_path)
-    hang = w.events.call_at
-    hang(LOAD_S + WARM_S + 50.0, lambda: setattr(w.probe, "answer", HealthStatus.TIMEOUT))
-    w.events.at(150.0, SIGTERM)
-    run = runner(w, settings(tmp_path, failure_threshold=3), watch_gpus=False)
-    with capture_logs() as logs:
-        assert run.run() == 0
-    unhealthy = next(e for e in logs if e["event"] == "unhealthy")
-    assert unhealthy["cause"] is FailureKind.HEALTH_TIMEOUT
-    assert "3 consecutive failed health checks" in str(unhealthy["detail"])
-    assert len(w.launcher.started) == 2
-
-
-def test_a_503_after_ready_is_reported_as_503_not_as_warming(tmp_path: Path):
-    w = world(tmp_path)
-    hang = w.events.call_at
-    hang(LOAD_S + WARM_S + 50.0, lambda: setattr(w.probe, "answer", HealthStatus.WARMING))
-    w.events.at(150.0, SIGTERM)
-    run = runner(w, settings(tmp_path, failure_threshold=3), watch_gpus=False)
-    with capture_logs() as logs:
-        assert run.run() == 0
-    unhealthy = next(e for e in logs if e["event"] == "unhealthy")
-    assert "3 consecutive failed health checks (last: 503)" in str(unhealthy["detail"])
-
-
 def test_a_zombie_rank_is_a_dead_server_even_while_http_answers(tmp_path: Path):
     w = world(tmp_path)
     w.events.call_at(LOAD_S + WARM_S + 5.0, lambda: w.server.set_rank_state(0, "Z"))
