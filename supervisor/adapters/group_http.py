@@ -55,13 +55,13 @@ def post_json(address: str, payload: Mapping[str, object], *, token: str | None 
     return _call("POST", address, headers, json.dumps(payload).encode())
 
 
-def get(address: str) -> Answer:
-    """GET `address`.
+def get(address: str, *, timeout_s: float | None = None) -> Answer:
+    """GET `address`, waiting for the answer up to `timeout_s` (default READ_TIMEOUT_S).
 
     Raises:
         Unreachable: no answer.
     """
-    return _call("GET", address, {"Connection": "close"}, None)
+    return _call("GET", address, {"Connection": "close"}, None, timeout_s)
 
 
 def post_empty(address: str) -> Answer:
@@ -73,20 +73,28 @@ def post_empty(address: str) -> Answer:
     return _call("POST", address, {"Connection": "close"}, b"")
 
 
-def _call(method: str, address: str, headers: dict[str, str], body: bytes | None) -> Answer:
+def _call(
+    method: str,
+    address: str,
+    headers: dict[str, str],
+    body: bytes | None,
+    timeout_s: float | None = None,
+) -> Answer:
+    read_s = READ_TIMEOUT_S if timeout_s is None else timeout_s
+    connect_s = min(CONNECT_TIMEOUT_S, read_s)
     try:
         response = requests.request(
             method,
             address,
             headers=headers,
             data=body,
-            timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+            timeout=(connect_s, read_s),
             allow_redirects=False,
         )
     except requests.exceptions.ConnectTimeout:
-        raise Unreachable(f"no connection within {CONNECT_TIMEOUT_S:g} s") from None
+        raise Unreachable(f"no connection within {connect_s:g} s") from None
     except requests.exceptions.ReadTimeout:
-        raise Unreachable(f"no answer within {READ_TIMEOUT_S:g} s") from None
+        raise Unreachable(f"no answer within {read_s:g} s") from None
     except requests.exceptions.ConnectionError as exc:
         raise Unreachable(_why(exc)) from None
     except requests.exceptions.RequestException as exc:

@@ -43,9 +43,15 @@ _TERMINAL: dict[FailureKind, RunEnd] = {
 # Not a property of the launch: host memory depends on what else runs on the host, and after a
 # memory kill restart-smaller launches with a smaller --hicache-size. An Xid is the GPU's or the
 # driver's, and the relaunch after one comes after a reset or onto a GPU the health gate passed;
-# a GPU that keeps failing meets the crash-loop limit instead.
+# a GPU that keeps failing meets the crash-loop limit instead. A lost peer is another node's
+# failure, not this launch's.
 _NOT_DETERMINISTIC = frozenset(
-    {FailureKind.MEMORY_KILL, FailureKind.KERNEL_OOM_KILLED, FailureKind.GPU_XID}
+    {
+        FailureKind.MEMORY_KILL,
+        FailureKind.KERNEL_OOM_KILLED,
+        FailureKind.GPU_XID,
+        FailureKind.PEER_LOST,
+    }
 )
 
 

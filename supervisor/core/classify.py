@@ -37,6 +37,9 @@ class FailureKind(str, Enum):
     HEALTH_PATH_MISSING = "health_path_missing"  # the server answers 404 on run.health_path
     GPU_XID = "gpu_xid"  # a critical Xid / ECC error on a target GPU: group killed (core/xid.py)
     GPU_XID_FATAL = "gpu_xid_fatal"  # the same, and only a reboot or a drain brings it back
+    # A node of the group failed (its supervisor is gone or not live); this node's ranks cannot
+    # go on without it: its tree was killed (group/peer.py).
+    PEER_LOST = "peer_lost"
 
 
 _HINTS: dict[FailureKind, str] = {
@@ -71,6 +74,8 @@ _HINTS: dict[FailureKind, str] = {
     "the supervisor killed the server (the gpu_xid incident file has the details)",
     FailureKind.GPU_XID_FATAL: "only a node reboot or a drain clears this GPU error (the gpu_xid "
     "incident file has the details)",
+    FailureKind.PEER_LOST: "the group's leader failed (its supervisor is gone or not live) and "
+    "this node's ranks cannot go on without it; the leader's log says why",
 }
 
 

@@ -160,6 +160,8 @@ _TEMPLATES: dict[str, str] = {
     "group_hicache_applied": "the group's --hicache-size {hicache_size_gb} applied (this node "
     "planned {own_gb})",
     "group_gate_opened": "SGLang's launch gate opened",
+    "group_leader_lost": "the leader's supervisor at {url} is lost ({misses} misses, last: "
+    "{last_answer}): this node's server tree is killed",
     "group_must_recreate": "the group must be recreated: {failure}: {hint}",
 }
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from supervisor.adapters.http_server import HttpListener, Request, Response
+from supervisor.core.group_peer import SUPERVISOR_ID_KEY
 
 # What the runner's state events say about a node being alive (README "Log events"): a rank
 # found dead, health failing, a failed start (`unhealthy`), or a run that ended in a refusal.
@@ -38,6 +40,9 @@ class NodeProbes:
         # One box needs no group decision; a group member is ready only after LAUNCH.
         self._decision: str | None = None if group else "launch"
         self._decision_why = ""
+        # Names this supervisor process in every answer: a worker watching its leader's
+        # /healthz tells a restarted leader from the one it launched with (core/group_peer.py).
+        self.supervisor_id = uuid.uuid4().hex[:12]
 
     def __call__(self, event: Mapping[str, Any]) -> None:
         name = event.get("event")
@@ -94,16 +99,17 @@ class NodeProbes:
         return (True, "") if alive else (False, why_not)
 
     def healthz(self, _request: Request) -> Response:
-        return _answer("live", *self.live())
+        return _answer("live", *self.live(), self.supervisor_id)
 
     def readyz(self, _request: Request) -> Response:
-        return _answer("ready", *self.ready())
+        return _answer("ready", *self.ready(), self.supervisor_id)
 
     def serve_on(self, listener: HttpListener) -> None:
         listener.route("/healthz", self.healthz)
         listener.route("/readyz", self.readyz)
 
 
-def _answer(key: str, ok: bool, reason: str) -> Response:
+def _answer(key: str, ok: bool, reason: str, supervisor_id: str) -> Response:
     body: dict[str, object] = {key: ok} if ok else {key: False, "reason": reason}
+    body[SUPERVISOR_ID_KEY] = supervisor_id
     return Response(200 if ok else 503, json.dumps(body).encode() + b"\n", "application/json")

@@ -123,13 +123,16 @@ def listen_address(
     return env.get(POD_IP_ENV, "").strip() or "0.0.0.0", DEFAULT_PORT
 
 
-def leader_url(spec: GroupSpec, config: SupervisorConfig, env: Mapping[str, str]) -> str:
-    """The leader's POST /group/report: `[group] leader_port`, else this node's own port."""
+def leader_url(
+    spec: GroupSpec, config: SupervisorConfig, env: Mapping[str, str], path: str = REPORT_PATH
+) -> str:
+    """`path` on the leader's supervisor (POST /group/report by default): `[group] leader_port`,
+    else this node's own port."""
     port = config.group.leader_port
     if not port:
         address = listen_address(config.http, spec, env)
         port = address[1] if address is not None else DEFAULT_PORT
-    return group_http.url(spec.leader_host, port, REPORT_PATH)
+    return group_http.url(spec.leader_host, port, path)
 
 
 def leader_board(

@@ -25,7 +25,13 @@ log = structlog.get_logger("supervisor.run")
 TREE_GONE_WAIT_S = 10.0
 # Why a component killed the tree wins over what the exit status suggests.
 _OVERRIDES = frozenset(
-    {FailureKind.MEMORY_KILL, FailureKind.GPU_DIRTY, FailureKind.GPU_XID, FailureKind.GPU_XID_FATAL}
+    {
+        FailureKind.MEMORY_KILL,
+        FailureKind.GPU_DIRTY,
+        FailureKind.GPU_XID,
+        FailureKind.GPU_XID_FATAL,
+        FailureKind.PEER_LOST,
+    }
 )
 
 

@@ -20,15 +20,17 @@ from typing import TYPE_CHECKING, NoReturn
 import structlog
 
 from supervisor.adapters import group_http
+from supervisor.adapters.clock import SystemClock
 from supervisor.config import RunSettings
 from supervisor.core.backoff import delay_before_start_s
 from supervisor.core.checks import FitReport
 from supervisor.core.events import Event
-from supervisor.core.ports import Reservations, ServerHandle
+from supervisor.core.ports import Clock, Reservations, ServerHandle
 from supervisor.errors import GroupMustRecreate, PreflightFailed
 from supervisor.group.gate import GateHttp, GateOpener
+from supervisor.group.peer import HEALTHZ_PATH, HealthGet, LeaderWatch, WatchTiming
 from supervisor.group.resolve import wait_until_resolved
-from supervisor.group.setup import describe, single_node
+from supervisor.group.setup import describe, leader_url, single_node
 from supervisor.run import launch
 from supervisor.run.death import DeathReport
 from supervisor.run.plugins import Component, ComponentFactory, LaunchInfo, Plugins
@@ -138,9 +140,36 @@ def recreate(runner: Runner, death: DeathReport) -> NoReturn:
 
 
 def group_plugins(settings: RunSettings, http: GateHttp | None = None) -> Plugins:
-    """What group mode plugs into the loop: on the leader with a gate, the gate opener."""
-    opener = gate_opener(settings, http)
-    return Plugins(components=(opener,)) if opener is not None else Plugins()
+    """What group mode plugs into the loop: on the leader with a gate, the gate opener; on a
+    worker, the watch of its leader."""
+    factories = (gate_opener(settings, http), leader_watch(settings))
+    return Plugins(components=tuple(f for f in factories if f is not None))
+
+
+def leader_watch(
+    settings: RunSettings, get: HealthGet | None = None, clock: Clock | None = None
+) -> ComponentFactory | None:
+    """On a worker: a component beside each launch that kills the tree once the leader's
+    supervisor is lost (supervisor/group/peer.py)."""
+    spec = settings.group
+    if spec is None or spec.is_leader:
+        return None
+    url = leader_url(spec, settings.config, os.environ, HEALTHZ_PATH)
+    run = settings.run
+    timing = WatchTiming(run.health_interval_s, run.health_timeout_s, run.failure_threshold)
+    ask = get or _get
+    watch_clock = clock or SystemClock()
+
+    def factory(server: ServerHandle, post: Callable[[Event], None], info: LaunchInfo) -> Component:
+        return LeaderWatch(
+            url, server, post, get=ask, timing=timing, clock=watch_clock, run_id=info.run_id
+        )
+
+    return factory
+
+
+def _get(url: str, timeout_s: float) -> group_http.Answer:
+    return group_http.get(url, timeout_s=timeout_s)
 
 
 def gate_opener(settings: RunSettings, http: GateHttp | None = None) -> ComponentFactory | None:

@@ -117,7 +117,7 @@ def test_override_detail_is_appended_and_every_kind_has_a_hint():
     )
     assert result.hint.endswith(": 3 GB left")
     assert all(classify(None, None, [], DeathContext(override=k)).hint for k in FailureKind)
-    assert len({k.value for k in FailureKind}) == 16
+    assert len({k.value for k in FailureKind}) == 17
 
 
 def test_exit_descriptions():

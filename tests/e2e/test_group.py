@@ -1,8 +1,9 @@
 """A simulated 2-node SGLang group, one real supervisor per node, under the LWS harness: the gate
 opens only when every node fits, a node that does not fit stops the whole group before anything
 is allocated, any local failure ends its node with exit 8 (the group must be recreated), the
-recreated group carries the smaller --hicache-size, and /healthz tells the truth on a worker
-whose SGLang dummy health says 200 over a dead rank (issue 14, "Done when")."""
+recreated group carries the smaller --hicache-size, /healthz tells the truth on a worker whose
+SGLang dummy health says 200 over a dead rank (issue 14, "Done when"), and a worker whose
+leader is gone ends by itself although its own ranks only hang."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 WORKER_RANK = "sglang::scheduler_TP3"  # node 1's second rank: its main process still waits on TP2
+LEADER_RANK = "sglang::scheduler_TP1"  # node 0's second rank
 
 
 def _kill_worker_rank(worker: NodeRun) -> int:
@@ -121,6 +123,37 @@ def test_observe_a_dead_worker_rank_ends_every_node_with_exit_8_and_leaves_nothi
             assert node.tree() == []
         assert group.alive_pids() == []
         assert marked_pids(simulated_process_guard) == []  # the suite's marker: nothing at all
+        assert not any(instance_cgroups(group.instance_name(r)) for r in range(2))
+        assert leaked(shm_record) == []
+
+
+def test_observe_a_dead_leader_rank_ends_the_worker_too_although_its_ranks_only_hang(
+    tmp_path, shm_record, simulated_process_guard
+):
+    with lws_group(tmp_path, mode="observe") as group:
+        leader, worker = group.nodes
+        for node in (leader, worker):
+            node.wait_event("ready")
+        os.kill(leader.schedulers()[LEADER_RANK], signal.SIGKILL)
+        assert leader.wait_exit() == 8
+        assert leader.events("server_failed")[-1]["failure"] == "rank_crash"
+        # The worker's ranks hang, alive, and SGLang's worker health says 200: only the
+        # leader's supervisor going away tells the worker.
+        assert worker.wait_exit(timeout_s=90) == 8
+        assert group.wait_all_exited() == [8, 8]
+        lost = worker.events("group_leader_lost")
+        assert len(lost) == 1
+        assert lost[0]["url"] == f"http://127.0.0.1:{leader.http_port}/healthz"
+        assert lost[0]["misses"] == 3  # [run] failure_threshold
+        failed = worker.events("server_failed")[-1]
+        assert failed["failure"] == "peer_lost"
+        assert worker.events("group_must_recreate")[-1]["failure"] == "peer_lost"
+        for node in (leader, worker):
+            assert not node.events("restarting")
+            assert node.leftover_pids == (), f"node {node.node_rank} left processes behind"
+            assert node.tree() == []
+        assert group.alive_pids() == []
+        assert marked_pids(simulated_process_guard) == []
         assert not any(instance_cgroups(group.instance_name(r)) for r in range(2))
         assert leaked(shm_record) == []
 

@@ -138,20 +138,27 @@ def served():
 
 def test_the_probes_follow_the_log_through_the_event_tap(served):
     log = structlog.get_logger("test")
-    assert requests.get(f"{served}/healthz", timeout=10).json() == {"live": True}
+    live = requests.get(f"{served}/healthz", timeout=10).json()
+    me = live["supervisor_id"]  # names this supervisor in every answer (a worker's leader watch)
+    assert live == {"live": True, "supervisor_id": me}
     not_ready = requests.get(f"{served}/readyz", timeout=10)
     assert not_ready.status_code == 503
-    assert not_ready.json() == {"ready": False, "reason": "the group has not decided to launch yet"}
+    assert not_ready.json() == {
+        "ready": False,
+        "reason": "the group has not decided to launch yet",
+        "supervisor_id": me,
+    }
     log.info("group_decision", state="launch", reason="")
     for state in ("launching", "loading", "ready"):
         log.info(state)
     ready = requests.get(f"{served}/readyz", timeout=10)
-    assert (ready.status_code, ready.json()) == (200, {"ready": True})
+    assert (ready.status_code, ready.json()) == (200, {"ready": True, "supervisor_id": me})
     log.error("unhealthy", cause="rank_crash", detail="scheduler_TP1 exited")  # dummy health: 200
     dead = requests.get(f"{served}/healthz", timeout=10)
     assert dead.status_code == 503
     assert dead.json() == {
         "live": False,
         "reason": "server unhealthy: rank_crash: scheduler_TP1 exited",
+        "supervisor_id": me,
     }
     assert requests.get(f"{served}/readyz", timeout=10).status_code == 503

@@ -80,11 +80,11 @@ def test_one_box_serves_the_probes_beside_the_metrics(tmp_path, free_port, tappe
     run = with_listener(tmp_path, f"127.0.0.1:{free_port}", group=False)
     base = f"http://127.0.0.1:{free_port}"
     with serve_metrics(run):
-        assert requests.get(f"{base}/healthz", timeout=10).json() == {"live": True}
+        assert requests.get(f"{base}/healthz", timeout=10).json()["live"] is True
         assert requests.get(f"{base}/readyz", timeout=10).status_code == 503
         structlog.get_logger("test").info("launching")
         structlog.get_logger("test").info("ready")
-        assert requests.get(f"{base}/readyz", timeout=10).json() == {"ready": True}
+        assert requests.get(f"{base}/readyz", timeout=10).json()["ready"] is True
         assert requests.get(f"{base}/metrics", timeout=10).status_code == 200
         assert requests.post(f"{base}/group/report", timeout=10).status_code == 404
 
@@ -98,4 +98,5 @@ def test_the_leaders_listener_serves_the_group(tmp_path, free_port):
         status = requests.get(f"{base}/group/status", headers=auth, timeout=10)
         assert status.json()["missing"] == [0, 1]
         ready = requests.get(f"{base}/readyz", timeout=10).json()
-        assert ready == {"ready": False, "reason": "the group has not decided to launch yet"}
+        assert ready["reason"] == "the group has not decided to launch yet"
+        assert ready["ready"] is False

@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from supervisor.adapters import group_http
 from supervisor.adapters.http_server import Request
 from supervisor.config import GroupConfig, RunSettings
+from supervisor.core.classify import FailureKind
 from supervisor.core.events import SignalAction, SignalEvent
 from supervisor.core.group_report import DecisionState
 from supervisor.errors import (
@@ -30,6 +31,9 @@ from supervisor.errors import (
 from supervisor.group.board import GroupBoard
 from supervisor.group.client import LeaderLink
 from supervisor.group.handshake import GroupHandshake
+from supervisor.group.peer import LeaderWatch
+from supervisor.run.group_mode import leader_watch
+from supervisor.run.plugins import Plugins
 from supervisor.run.runner import Runner
 from tests.group.support import TOKEN, leader_on, listening, report, spec, wire
 from tests.run.runner_support import LOAD_S, WARM_S, World, names, runner, settings, world
@@ -112,6 +116,52 @@ def test_a_death_files_it_releases_the_gpus_and_ends_with_exit_8_without_a_relau
     assert logs[-1]["exit_code"] == 8
     state = w.store.load()
     assert (state.restart_count, state.last_failure) == (1, "rank_crash")
+
+
+def test_a_worker_that_loses_its_leader_kills_its_tree_and_ends_with_exit_8(tmp_path, listener):
+    leader = leader_on(listener, GroupBoard(2, TOKEN))
+    leader.board.record_own(report(0))
+    w = world(tmp_path)
+    start = node_settings(tmp_path, 1, failure_threshold=1)
+
+    def unreachable(_url: str, _timeout_s: float) -> group_http.Answer:
+        raise group_http.Unreachable("connection refused")
+
+    watch = leader_watch(start, get=unreachable, clock=w.clock)
+    assert watch is not None
+
+    def asked_once_serving(server, post, info) -> Idle:  # the watch's thread, on the fake clock
+        component = watch(server, post, info)
+        assert isinstance(component, LeaderWatch)
+
+        def ask() -> None:
+            assert component.ask_once() is True  # a threshold of 1: lost at the first miss
+
+        w.events.call_at(READY_AT + 30.0, ask)
+        return Idle()
+
+    run = node(w, start, link=leader.link(), watch_gpus=False)
+    run.plugins = Plugins(components=(asked_once_serving,))
+    with capture_logs() as logs, pytest.raises(GroupMustRecreate) as err:
+        run.run()
+    assert err.value.exit_code == 8
+    assert str(err.value).startswith("the group must be recreated: peer_lost: ")
+    assert len(w.launcher.started) == 1
+    assert w.server.kill_reason is not None
+    assert w.server.kill_reason.failure is FailureKind.PEER_LOST
+    failed = next(e for e in logs if e["event"] == "server_failed")
+    assert failed["failure"] == "peer_lost"  # why the tree was killed, not how it died
+    assert [e["event"] for e in logs].count("group_leader_lost") == 1
+    assert "restarting" not in [e["event"] for e in logs]
+    assert w.store.load().last_failure == "peer_lost"
+
+
+class Idle:
+    """A component with nothing of its own to run."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout_s: float = 0.0) -> None: ...
 
 
 def test_the_group_hicache_size_is_what_gets_launched(tmp_path):
