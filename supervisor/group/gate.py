@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from supervisor.adapters.background import Background
 from supervisor.adapters.group_http import Answer, Unreachable, url
 from supervisor.adapters.health import probe_host
 
@@ -31,10 +32,12 @@ class GateHttp:
     post: Callable[[str], Answer]
 
 
-class GateOpener:
+class GateOpener(Background):
     """A component beside the leader's launch: polls the gate's /health every 0.5 s until it
     answers 200, then activates it, once. It logs from its own thread, where the runner's
     bound run_id and server_pid are not visible: they are passed in."""
+
+    thread_name = "group-gate"
 
     def __init__(
         self, host: str, port: int, http: GateHttp, *, run_id: str, server_pid: int
@@ -45,16 +48,7 @@ class GateOpener:
         self.http = http
         self.ids = {"run_id": run_id, "server_pid": server_pid}
         self.opened = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="group-gate", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        super().__init__()
 
     def _loop(self) -> None:
         waited = 0

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import structlog
 
+from supervisor.adapters.background import Background
 from supervisor.adapters.group_http import Answer, Unreachable
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import Event, KillReason, MemoryAction, WatchdogEvent
@@ -50,10 +51,12 @@ class WatchTiming:
     threshold: int
 
 
-class LeaderWatch:
+class LeaderWatch(Background):
     """The component of one worker launch: a thread that asks the leader once at the start,
     then every interval, and acts once. It logs from its own thread, where the runner's bound
     run_id and server_pid are not visible: they are passed in."""
+
+    thread_name = "group-leader"
 
     def __init__(
         self,
@@ -75,16 +78,7 @@ class LeaderWatch:
         self.ids = {"run_id": run_id, "server_pid": server.pid}
         self.seen = LeaderSeen()
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="group-leader", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        super().__init__()
 
     def ask_once(self) -> bool:
         """One question to the leader; True once the leader is lost (the tree was killed and

@@ -25,6 +25,7 @@ from typing import Any, NoReturn, Protocol
 
 import structlog
 
+from supervisor.adapters.background import Background
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.gpu_guard import GuardedGpuSensor
 from supervisor.core.classify import FailureKind
@@ -62,9 +63,12 @@ class IncidentFile(Protocol):
 OpenIncident = Callable[[str, Mapping[str, Any]], IncidentFile | None]
 
 
-class GpuEventWatch:
+class GpuEventWatch(Background):
     """The component of one launch: a thread that reads the driver events and hands each on
     (`serving` False for the last read, after the stop: the tree is gone or going)."""
+
+    thread_name = "gpu-events"
+    stop_timeout_s = 10.0  # the NVML worker may be in its event wait
 
     def __init__(
         self,
@@ -78,18 +82,9 @@ class GpuEventWatch:
         self.on_event = on_event
         self.poll_s = poll_s
         self.wait_ms = wait_ms
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="gpu-events", daemon=True)
+        super().__init__()
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
+    def _loop(self) -> None:
         while True:
             self._poll(serving=True)
             if self._stop.wait(self.poll_s):

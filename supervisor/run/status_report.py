@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import structlog
 
+from supervisor.adapters.background import Background
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.status_file import StatusPublisher
 from supervisor.config import RunSettings
@@ -34,8 +34,10 @@ BAR_EVERY_S = 2.0  # on a terminal: a new bar line at most this often, when it m
 STATUS_EVERY_S = 2.0  # STATUS= when the progress moved, at most this often (and every 10 s)
 
 
-class LoadReporter:
+class LoadReporter(Background):
     """Tells the load's progress; `tick` once a second (the thread, or a test)."""
+
+    thread_name = "status-report"
 
     def __init__(
         self, publisher: StatusPublisher, notifier: Notifier, clock: Clock, *, bar: bool
@@ -49,16 +51,7 @@ class LoadReporter:
         self._status_seen: tuple[object, ...] | None = None
         self._event_seen: tuple[object, ...] | None = None
         self._event_at = self._status_at = float("-inf")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="status-report", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        super().__init__()
 
     def _loop(self) -> None:
         while not self._stop.wait(TICK_S):
