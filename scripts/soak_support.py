@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from supervisor.testing.procs import cmdline
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIG = ROOT / "configs" / "models" / "llama-3-70b" / "config.json"
 MARKER_ENV = "FAKE_SGLANG_MARKER"
@@ -126,14 +128,6 @@ def is_live(pid: int, start_ticks: int | None = None) -> bool:
     if not fields or fields[0] in "ZXx":
         return False
     return start_ticks is None or int(fields[19]) == start_ticks
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
 
 
 def marked(marker: str, *, zombies: bool = False) -> list[Proc]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import signal
 import subprocess
 import time
@@ -14,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from supervisor.testing.procs import cmdline, pids_with_env
 
 T = TypeVar("T")
 
@@ -34,27 +35,7 @@ def pod_pids(pod: str) -> list[int]:
     """Live (non-zombie) processes whose environment names `pod`, or a pod below it
     ("group/g0/n1" is below "group" and "group/g0")."""
     exact, below = f"{POD_ENV}={pod}".encode(), f"{POD_ENV}={pod}/".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{entry.name}/stat").read_text()
-        except OSError:
-            continue
-        named = any(item == exact or item.startswith(below) for item in environ)
-        if named and stat[stat.rfind(")") + 2] not in "ZX":
-            found.append(int(entry.name))
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    return pids_with_env(lambda env: any(item == exact or item.startswith(below) for item in env))
 
 
 def http_get(port: int, path: str, *, timeout_s: float = 5.0) -> tuple[int, Any] | None:

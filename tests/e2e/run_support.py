@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.cgroup import CgroupError, discover
+from supervisor.testing.procs import cmdline, pids_with_env
 from tests.cgroups import remove_instance_cgroups
 from tests.testing.support import MARKER_ENV, fake_server_env
 from tests.waiting import wait_until
@@ -141,7 +142,7 @@ class Supervisor:
     def schedulers(self) -> dict[str, int]:
         out = {}
         for pid in self.tree():
-            title = _cmdline(pid)
+            title = cmdline(pid)
             if title.startswith("sglang::scheduler"):
                 out[title] = pid
         return out
@@ -155,29 +156,10 @@ class Supervisor:
         return self.proc.wait(timeout=timeout_s)
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
-
-
 def marked_pids(marker: str) -> list[int]:
     """Live (non-zombie) processes whose environment carries the test's marker."""
     needle = f"{MARKER_ENV}={marker}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = Path(f"/proc/{entry.name}/environ").read_bytes()
-            stat = Path(f"/proc/{entry.name}/stat").read_text()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and stat[stat.rfind(")") + 2] not in "ZX":
-            found.append(int(entry.name))
-    return found
+    return pids_with_env(lambda env: needle in env)
 
 
 # The whole e2e suite runs once per containment: scripts/test sets this to "off" for the /proc
