@@ -63,31 +63,29 @@ def group_ports(size: int) -> tuple[list[int], list[int], int, int]:
     raise RuntimeError("no free dist-init port with the ports above it clear")  # pragma: no cover
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: Any, fill: Mapping[str, str]) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        inner = ", ".join(f"{k} = {_toml_value(v, fill)}" for k, v in value.items())
+        return "{ " + inner + " }"
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))
+        return "[" + ", ".join(_toml_value(v, fill) for v in value) + "]"
+    text = str(value)
+    for key, filled in fill.items():
+        text = text.replace("{" + key + "}", filled)
+    return json.dumps(text)
 
 
 def config_toml(sections: Sections, fill: Mapping[str, str]) -> str:
-    """TOML of `sections` ({placeholders} in strings filled from `fill`; None drops a key)."""
-
-    def filled(value: Any) -> Any:
-        if isinstance(value, str):
-            for key, text in fill.items():
-                value = value.replace("{" + key + "}", text)
-        return value
-
+    """TOML of `sections` ({placeholders} in strings filled from `fill`, nested ones too; None
+    drops a key). The e2e tests' configs are written by it as well."""
     lines: list[str] = []
     for name, keys in sections.items():
         lines.append(f"[{name}]")
-        lines += [f"{k} = {_toml_value(filled(v))}" for k, v in keys.items() if v is not None]
+        lines += [f"{k} = {_toml_value(v, fill)}" for k, v in keys.items() if v is not None]
         lines.append("")
     return "\n".join(lines)
 

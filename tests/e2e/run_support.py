@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.cgroup import CgroupError, discover
+from supervisor.testing.lws_config import config_toml, merge
 from supervisor.testing.procs import cmdline, pids_with_env
 from tests.cgroups import remove_instance_cgroups
 from tests.testing.support import MARKER_ENV, fake_server_env
@@ -59,32 +60,11 @@ CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
-def _toml_value(value: Any, fill: Mapping[str, str]) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v, fill)}" for k, v in value.items()) + " }"
-    text = str(value)
-    for key, filled in fill.items():
-        text = text.replace("{" + key + "}", filled)
-    return json.dumps(text)
-
-
 def config_text(
     fill: Mapping[str, str], overrides: Mapping[str, Mapping[str, Any]] | None = None
 ) -> str:
     """The TOML config: CONFIG with `overrides` applied (a value None drops the key)."""
-    sections = {name: dict(keys) for name, keys in CONFIG.items()}
-    for name, keys in (overrides or {}).items():
-        sections.setdefault(name, {}).update(keys)
-    lines = []
-    for name, keys in sections.items():
-        lines.append(f"[{name}]")
-        lines += [f"{k} = {_toml_value(v, fill)}" for k, v in keys.items() if v is not None]
-        lines.append("")
-    return "\n".join(lines)
+    return config_toml(merge(CONFIG, overrides or {}), fill)
 
 
 @dataclass
