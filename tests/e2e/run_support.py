@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.adapters.cgroup import CgroupError, discover
-from supervisor.testing.lws_config import config_toml, merge
+from supervisor.testing.lws_config import DEFAULT_CONFIG, config_toml, merge
 from supervisor.testing.procs import cmdline, pids_with_env
 from tests.cgroups import remove_instance_cgroups
 from tests.testing.support import MARKER_ENV, fake_server_env
@@ -37,12 +37,7 @@ SERVER_COMMAND = f"{sys.executable} -m supervisor.testing.fake_sglang"
 # {name}-style placeholders are filled per test; `overrides` replace keys, section by section.
 CONFIG: dict[str, dict[str, Any]] = {
     "server": {"model_config": "{model_config}", "env": {"HF_TOKEN": "hf_e2e_secret_token"}},
-    "preflight": {
-        "reserve": "0B",
-        "ledger_dir": "{state_dir}/ledger",
-        "per_rank_overhead": "1MiB",
-        "main_overhead": "1MiB",
-    },
+    "preflight": dict(DEFAULT_CONFIG["preflight"]),  # the harness's: tiny overheads, own ledger
     "run": {
         "name": "{name}",
         "state_dir": "{state_dir}",
