@@ -5,10 +5,8 @@ GPU and driver: `pytest -m gpu tests/gpu`; skipped where NVML does not start."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import ModuleType
 
-import pynvml
 import pytest
 
 from supervisor.adapters.gpu_guard import GuardedGpuSensor
@@ -20,16 +18,6 @@ from supervisor.core.gpu_health import Verdict, judge_gpus
 from supervisor.preflight.health import health_checks
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def nvml() -> Iterator[ModuleType]:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        pytest.skip(f"NVML does not start here: {exc}")
-    yield pynvml
-    pynvml.nvmlShutdown()
 
 
 def test_every_gpu_reads_and_is_judged(nvml: ModuleType):

@@ -5,10 +5,8 @@ an action or unknown, and the guarded worker answers "events". Needs an NVIDIA G
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import ModuleType
 
-import pynvml
 import pytest
 
 from supervisor.adapters.gpu_guard import GuardedGpuSensor
@@ -16,16 +14,6 @@ from supervisor.adapters.nvml_events import EventWatch
 from supervisor.core.gpu_health import RecoveryAction
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def nvml() -> Iterator[ModuleType]:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        pytest.skip(f"NVML does not start here: {exc}")
-    yield pynvml
-    pynvml.nvmlShutdown()
 
 
 def test_the_event_set_registers_and_an_empty_wait_answers(nvml: ModuleType):
