@@ -191,3 +191,25 @@ def remove_recorded_shm(record: Path) -> list[str]:
             (shm.SHM_DIR / name).unlink()
             removed.append(name)
     return removed
+
+
+def run_gpu_tool(
+    module: str, *args: str, state_dir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One of the simulated GPUs' commands (fake_gpu, fake_gpu_reset) run to its end, on the
+    simulated GPUs in `state_dir` (None: none named, as for a user who forgot them)."""
+    env = {k: v for k, v in os.environ.items() if k != "FAKE_GPU_STATE_DIR"}
+    if state_dir is not None:
+        env["FAKE_GPU_STATE_DIR"] = str(state_dir)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def fake_gpu(*args: str, state_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return run_gpu_tool("supervisor.testing.fake_gpu", *args, state_dir=state_dir)

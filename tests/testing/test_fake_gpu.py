@@ -4,39 +4,17 @@ what the simulation says when FAKE_GPU_STATE_DIR holds no simulated GPUs."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 
 import pynvml
 import pytest
 
 from supervisor.testing import fake_nvml, gpu_state
-from tests.testing.support import fake_server_env, run_fake_to_exit
+from tests.testing.support import fake_gpu, fake_server_env, run_fake_to_exit, run_gpu_tool
 
 HINT = "python -m supervisor.testing.fake_gpu create 8 --dir"
-
-
-def _run(
-    module: str, args: Sequence[str], *, state_dir: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "FAKE_GPU_STATE_DIR"}
-    if state_dir is not None:
-        env["FAKE_GPU_STATE_DIR"] = str(state_dir)
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-
-
-def fake_gpu(*args: str, state_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return _run("supervisor.testing.fake_gpu", args, state_dir=state_dir)
 
 
 @pytest.fixture
@@ -123,7 +101,9 @@ def test_reset_and_its_alias_answer_alike(tmp_path, device, dir_kind, code, says
     elif dir_kind == "empty":
         state_dir.mkdir()
     new = fake_gpu("reset", device, "--dir", str(state_dir))
-    alias = _run("supervisor.testing.fake_gpu_reset", ["-r", "-i", device], state_dir=state_dir)
+    alias = run_gpu_tool(
+        "supervisor.testing.fake_gpu_reset", "-r", "-i", device, state_dir=state_dir
+    )
     assert (new.returncode, new.stdout) == (alias.returncode, alias.stdout)
     assert new.returncode == code
     assert says in new.stdout
@@ -133,10 +113,10 @@ def test_reset_and_its_alias_answer_alike(tmp_path, device, dir_kind, code, says
 
 
 def test_the_alias_without_a_state_dir_is_a_host_without_a_driver():
-    alias = _run("supervisor.testing.fake_gpu_reset", ["0"])
+    alias = run_gpu_tool("supervisor.testing.fake_gpu_reset", "0")
     assert alias.returncode == 9
     assert "FAKE_GPU_STATE_DIR is not set" in alias.stderr
-    assert _run("supervisor.testing.fake_gpu_reset", []).returncode == 2
+    assert run_gpu_tool("supervisor.testing.fake_gpu_reset").returncode == 2
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ peer sets, and the scenario's `gpu_fault` on a serving rank."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -15,27 +14,8 @@ import pytest
 
 from supervisor.testing import gpu_events, gpu_faults, gpu_state
 from supervisor.testing.fake_gpu_reset import EXIT_GPU_LOST, EXIT_OK, EXIT_OTHER, reset
+from tests.testing.support import fake_gpu, run_gpu_tool
 from tests.waiting import wait_until
-
-
-def _run(
-    module: str, *args: str, state_dir: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "FAKE_GPU_STATE_DIR"}
-    if state_dir is not None:
-        env["FAKE_GPU_STATE_DIR"] = str(state_dir)
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-
-
-def fake_gpu(*args: str, state_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return _run("supervisor.testing.fake_gpu", *args, state_dir=state_dir)
 
 
 @pytest.fixture
@@ -87,7 +67,7 @@ def test_nvlink_peers_without_per_gpu_reset_must_be_reset_together(peers):
         "GPU 00000000:28:00.0 was successfully reset.\nAll done.",
     )
     assert gpu_faults.read_health(peers, 0).remapped_rows[2] == 0
-    alias = _run("supervisor.testing.fake_gpu_reset", "-r", "-i", "3,2", state_dir=peers)
+    alias = run_gpu_tool("supervisor.testing.fake_gpu_reset", "-r", "-i", "3,2", state_dir=peers)
     assert alias.returncode == EXIT_OK, alias.stdout
     cli = fake_gpu("reset", "2", "3", "--dir", str(peers))
     assert (cli.returncode, cli.stdout) == (EXIT_OK, alias.stdout)
