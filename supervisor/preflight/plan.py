@@ -20,7 +20,6 @@ from supervisor.config import SupervisorConfig
 from supervisor.core import fit, model_geometry
 from supervisor.core.assess import HostAssessment, assess_host
 from supervisor.core.checks import Check, FitReport, Status
-from supervisor.core.ledger import Reservation
 from supervisor.core.measured import Deployment, latest_for
 from supervisor.core.sglang_args import LaunchPlan, redact_argv
 from supervisor.core.sglang_args import with_flag_value as _with_flag_value
@@ -40,7 +39,8 @@ from supervisor.preflight.inputs import (
 from supervisor.preflight.measurements import load_records
 from supervisor.preflight.reader import launch_reader, read_plan
 
-if TYPE_CHECKING:  # a type only: core.ports brings the run loop's events and classifier
+if TYPE_CHECKING:  # types only: core.ports brings the run loop's events and classifier
+    from supervisor.core.ledger import Reservation
     from supervisor.core.ports import GpuSensor
     from supervisor.preflight.health import HealthGate
 

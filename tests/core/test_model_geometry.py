@@ -170,6 +170,14 @@ def test_block_scaled_fp4_rounds_up_to_whole_bytes():
     assert bytes_per_token_per_rank(config, plan("--kv-cache-dtype", "nvfp4")) == 4
 
 
+def test_block_scaled_fp8_counts_its_scale_exactly():
+    # 128 elements × (8 + 8/32) bits = 1056 bits = 132 bytes: exact, no rounding either way.
+    config = {"num_hidden_layers": 1, "num_attention_heads": 1, "head_dim": 64, "hidden_size": 64}
+    assert bytes_per_token_per_rank(config, plan("--kv-cache-dtype", "mxfp8")) == 132
+    config["num_hidden_layers"] = 3  # 3168 bits: 396 bytes
+    assert bytes_per_token_per_rank(config, plan("--kv-cache-dtype", "mxfp8")) == 396
+
+
 def test_attention_kind_names_the_pool_layout():
     assert attention_kind(model("deepseek-v3.2")) == "dsa"
     assert attention_kind(model("kimi-k2.5")) == "mla"
