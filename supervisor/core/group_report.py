@@ -115,6 +115,16 @@ def decide_group(size: int, reports: Mapping[int, NodeReport]) -> GroupDecision:
     return GroupDecision(DecisionState.LAUNCH, hicache_size_gb=min(sizes) if sizes else None)
 
 
+def launch_hicache_gb(own_gb: int | None, decision: GroupDecision) -> int | None:
+    """The --hicache-size this node must launch with instead of its own, or None to keep its
+    argv: only a fixed size larger than the group's is lowered (smaller needs less host memory,
+    so the node's verdict holds); no HiCache, or a size SGLang picks, stays as it is."""
+    group_gb = decision.hicache_size_gb
+    if group_gb is None or own_gb is None or own_gb <= group_gb:
+        return None
+    return group_gb
+
+
 def _refusal(report: NodeReport) -> str:
     checks = f" ({', '.join(report.failed_checks)})" if report.failed_checks else ""
     summary = f": {report.summary}" if report.summary else ""

@@ -25,6 +25,7 @@ from supervisor.core.group_report import (
     DecisionState,
     GroupDecision,
     NodeReport,
+    launch_hicache_gb,
 )
 from supervisor.core.ports import Clock
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
@@ -163,8 +164,8 @@ def _said(decision: GroupDecision) -> None:
 def group_argv(argv: Sequence[str], plan: LaunchPlan, decision: GroupDecision) -> tuple[str, ...]:
     """`argv` with the group's --hicache-size where this node's fixed size is larger."""
     own = own_hicache_gb(plan)
-    size = decision.hicache_size_gb
-    if size is None or own is None or own <= size:
+    size = launch_hicache_gb(own, decision)
+    if size is None:
         return tuple(argv)
     sized = with_flag_value(argv, "--hicache-size", str(size))
     log.warning(

@@ -22,7 +22,12 @@ from supervisor.core.group import (
     parse_report,
     token_matches,
 )
-from supervisor.core.group_report import encode_report, missing_nodes, token_problem
+from supervisor.core.group_report import (
+    encode_report,
+    launch_hicache_gb,
+    missing_nodes,
+    token_problem,
+)
 
 
 def report(rank: int, *, fits: bool = True, size: int | None = 48, **more: Any) -> NodeReport:
@@ -261,3 +266,12 @@ def test_only_the_group_s_own_token_matches():
 )
 def test_a_token_must_fit_in_one_header_word(token, problem):
     assert token_problem(token) == problem
+
+
+@pytest.mark.parametrize(
+    ("own_gb", "group_gb", "launched"),
+    [(40, 30, 30), (30, 30, None), (20, 30, None), (None, 30, None), (40, None, None)],
+)
+def test_a_node_lowers_only_a_fixed_size_above_the_groups(own_gb, group_gb, launched):
+    decision = GroupDecision(DecisionState.LAUNCH, hicache_size_gb=group_gb)
+    assert launch_hicache_gb(own_gb, decision) == launched
