@@ -147,7 +147,7 @@ def run(
     server_args: tuple[str, ...],
     **run_options: Any,
 ) -> int:
-    """Launch SGLang, keep it alive, stop it cleanly (under systemd or by hand).
+    """Launch SGLang, keep it alive, stop it cleanly (systemd, a pod, or by hand).
 
     \b
     sglang-supervisor run [--config FILE] [OPTIONS] -- <launch_server args>
