@@ -27,6 +27,11 @@ from supervisor.core.status import Status, fold
 
 STATUS_FILE = "status.json"
 MIN_INTERVAL_S = 2.0
+# The one file of the state directory a group may read: the operator who gives the directory a
+# group (`chgrp ops DIR && chmod 2750 DIR`: new files then take that group) lets that group run
+# `sglang-supervisor status` without root. It holds the fold of the log's events, secrets masked.
+# Everything else there (state.json, incidents with their log tails, the lock) stays 0600.
+STATUS_FILE_MODE = 0o640
 
 
 class StatusPublisher:
@@ -98,7 +103,8 @@ class StatusPublisher:
         self._written_key = status.key()
         self._dirty = False
         try:
-            write_text_atomic(self.path, json.dumps(status.to_json(), indent=2) + "\n")
+            text = json.dumps(status.to_json(), indent=2) + "\n"
+            write_text_atomic(self.path, text, mode=STATUS_FILE_MODE)
         except OSError:
             self.errors += 1
             self._dirty = True
@@ -117,7 +123,8 @@ def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> Any:
         OSError: not a regular file, unreadable, or larger than `max_bytes`.
         ValueError: not UTF-8 JSON (the message says where).
     """
-    with open_regular(path) as f:  # never a FIFO: `status` must not hang
+    # Never a FIFO (`status` must not hang), never through a link (our files are ours).
+    with open_regular(path, follow_symlinks=False) as f:
         if os.fstat(f.fileno()).st_size > max_bytes:
             raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
         raw = f.read(max_bytes + 1)
@@ -139,7 +146,7 @@ def read_status(path: Path) -> tuple[Status | None, str | None]:
 def recorded_pid(lock_path: Path) -> int | None:
     """The PID the last supervisor to claim the state directory wrote into its lock file."""
     try:
-        with open_regular(lock_path) as f:
+        with open_regular(lock_path, follow_symlinks=False) as f:
             text = os.pread(f.fileno(), 32, 0).decode("ascii", "replace").strip()
     except OSError:
         return None
@@ -154,7 +161,7 @@ def lock_held(lock_path: Path) -> bool:
     tell (supervisor/run/state.py claim() takes it exclusively for a supervisor's whole life).
     """
     try:
-        with open_regular(lock_path) as f:
+        with open_regular(lock_path, follow_symlinks=False) as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     except BlockingIOError:

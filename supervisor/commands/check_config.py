@@ -74,7 +74,7 @@ def peek_state(state_dir: Path) -> tuple[RunState, str | None]:
     note when it is damaged)."""
     path = state_dir / STATE_FILE
     try:
-        with open_regular(path) as f:
+        with open_regular(path, follow_symlinks=False) as f:  # never through a link
             raw = f.read()
     except FileNotFoundError:
         return RunState(), None

@@ -21,7 +21,8 @@ def load_records(state_dir: Path) -> tuple[tuple[Record, ...], str | None]:
     """(the records in `state_dir`, why they could not be read or None). No file: no records."""
     path = state_dir / FILE_NAME
     try:
-        with open_regular(path) as fh:  # a FIFO put there must not block the pre-flight
+        # A FIFO put there must not block the pre-flight; a link there is not followed.
+        with open_regular(path, follow_symlinks=False) as fh:
             data = json.loads(fh.read().decode("utf-8"))
         return tuple(Record.from_json(r) for r in data["records"]), None
     except FileNotFoundError:

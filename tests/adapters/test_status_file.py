@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,30 @@ def test_the_lock_tells_whether_a_supervisor_holds_the_directory(tmp_path: Path)
     again = StateStore(tmp_path)
     again.claim()  # the probe gave the lock back: a supervisor can still claim it
     again.release()
+
+
+def test_status_json_is_0640_the_one_file_a_group_the_operator_chose_may_read(tmp_path: Path):
+    publisher(tmp_path, Clocks()).feed({"event": "launching", "run_id": "r1", "argv": []})
+    assert stat.S_IMODE((tmp_path / STATUS_FILE).stat().st_mode) == 0o640
+
+
+def test_a_link_planted_at_status_json_is_replaced_and_never_read_through(tmp_path: Path):
+    target = tmp_path / "precious.json"
+    (tmp_path / "other").mkdir()
+    other = publisher(tmp_path / "other", Clocks())  # a real status of someone else's
+    other.feed({"event": "launching", "run_id": "theirs", "argv": []})
+    target.write_text((tmp_path / "other" / STATUS_FILE).read_text())
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / STATUS_FILE).symlink_to(target)
+    status, problem = read_status(state_dir / STATUS_FILE)
+    assert status is None
+    assert "symbolic link" in (problem or "")
+    (state_dir / LOCK_FILE).symlink_to(target)
+    assert recorded_pid(state_dir / LOCK_FILE) is None
+    assert not lock_held(state_dir / LOCK_FILE)
+    before = target.read_text()
+    publisher(state_dir, Clocks()).feed({"event": "launching", "run_id": "ours", "argv": []})
+    assert target.read_text() == before
+    assert not (state_dir / STATUS_FILE).is_symlink()
+    assert json.loads((state_dir / STATUS_FILE).read_text())["run_id"] == "ours"
