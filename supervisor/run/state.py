@@ -5,15 +5,22 @@ of the restarts in the budget's window, last failure class, PIDs of the current 
 leftovers), target GPUs, and the watchdog's `--hicache-size` override. A corrupt file is kept
 aside as `.corrupt-<ts>` and a fresh state used.
 Never holds secrets.
+
+Root writes here, so the directory is checked before anything is opened in it
+(supervisor/adapters/private_dir.py: ours, not writable by others, on a path only root or we
+can change), created 0700 when missing, and every file in it is 0600 and opened without
+following a symbolic link (the lock with O_NOFOLLOW, the state through supervisor/atomic_file.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -23,7 +30,8 @@ from typing import Any
 import structlog
 
 from supervisor.adapters.clock import SystemClock
-from supervisor.atomic_file import open_regular, write_text_atomic
+from supervisor.adapters.private_dir import UnsafeDirectory, private_dir
+from supervisor.atomic_file import PRIVATE_FILE_MODE, open_regular, write_text_atomic
 from supervisor.config.sections import STATE_ROOT
 from supervisor.core.ports import Clock
 from supervisor.errors import ConfigError
@@ -134,15 +142,20 @@ class StateStore:
         self.keep_files = keep_files
 
     def ensure_writable(self) -> None:
-        """Create the directory and prove it is writable, before anything starts.
+        """Create the directory (0700) or accept it, check that no other user can change what
+        is in it, and prove it is writable, before anything starts.
 
         Raises:
-            ConfigError: it cannot be created or written (permissions, read-only file system).
+            ConfigError: it is another user's, writable by others, not a directory (a file, a
+                dangling link, a loop of links), or cannot be created or written (permissions, a
+                read-only file system).
         """
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.dir)
             with tempfile.NamedTemporaryFile(dir=self.dir, prefix=".probe-"):
                 pass
+        except UnsafeDirectory as exc:
+            raise ConfigError(f"state directory {self.dir} {exc}") from None
         except OSError as exc:
             raise ConfigError(
                 f"state directory {self.dir} is not writable: {exc.strerror or exc} "
@@ -156,10 +169,10 @@ class StateStore:
         of an earlier run and kill it (a manual `run` beside the systemd unit, say).
 
         Raises:
-            ConfigError: another live supervisor holds the lock (its PID is named).
+            ConfigError: another live supervisor holds the lock (its PID is named), or the lock
+                file is a symbolic link or not a regular file (never followed, never truncated).
         """
-        path = self.dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -175,6 +188,29 @@ class StateStore:
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         # Kept open on purpose: the kernel drops the lock when this process exits, however.
         self._lock_fd = fd
+
+    def _open_lock(self) -> int:
+        path = self.dir / LOCK_FILE
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, PRIVATE_FILE_MODE)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a link: planted, or left by hand
+                raise ConfigError(
+                    f"{path} is a symbolic link; the supervisor never follows one in its state "
+                    "directory (remove it)"
+                ) from None
+            raise ConfigError(
+                f"state directory {self.dir}: cannot open {LOCK_FILE}: {exc.strerror or exc}"
+            ) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ConfigError(f"{path} is not a regular file; remove it")
+        if stat.S_IMODE(st.st_mode) != PRIVATE_FILE_MODE:  # an earlier release made it 0644
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, PRIVATE_FILE_MODE)
+        return fd
 
     def release(self) -> None:
         """Give up the lock `claim` took (a short-lived holder: `reset-state`); no-op without."""
@@ -250,6 +286,6 @@ class StateStore:
 
 def _read_regular(path: Path) -> bytes:
     """The file's bytes; OSError for anything but a regular file (a start must never hang on
-    its state file)."""
-    with open_regular(path) as f:
+    its state file) and for a symbolic link (never followed: the next save replaces it)."""
+    with open_regular(path, follow_symlinks=False) as f:
         return f.read()

@@ -57,14 +57,14 @@ def test_reset_state_finds_the_directory_through_the_config(
     assert (tmp_path / "st" / "state.json").is_file()
 
 
-def test_an_unwritable_state_directory_is_a_clear_error(
+def test_a_state_directory_that_cannot_be_made_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert run_cli(["reset-state", "--state-dir", str(blocker / "sub")]) == 2
     err = capsys.readouterr().err
-    assert "not writable" in err
+    assert f"{blocker} on its path is a regular file, not a directory" in err
     assert "Traceback" not in err
 
 
