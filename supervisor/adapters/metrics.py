@@ -12,18 +12,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder, write_to_textfile
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.registry import Collector
 
 from supervisor.adapters.http_server import Request, Response
+from supervisor.atomic_file import write_text_atomic
 from supervisor.core.metrics_map import PREFIX, SPECS, EventMapper, Kind, MetricSpec, Op, Update
 
 # The textfile is rewritten at most this often (node_exporter reads it at each scrape).
 TEXTFILE_INTERVAL_S = 5.0
+# node_exporter reads the textfile as its own (unprivileged) user; the metrics hold no secret.
+TEXTFILE_MODE = 0o644
 
 
 def _labels(spec: MetricSpec) -> list[str]:
@@ -146,19 +150,25 @@ class SupervisorMetrics:
 class TextfileWriter:
     """Writes the registry to `path` for node_exporter's textfile collector: at once after a
     change, at most every `interval_s`, and at close. Each write is atomic (a temporary file
-    beside it, renamed over it), so the collector never reads half a file."""
+    beside it, renamed over it), so the collector never reads half a file.
+
+    Through supervisor/atomic_file.py, not prometheus_client's write_to_textfile: that one opens
+    a predictable temp name (`<path>.<pid>.<thread id>`) with a plain open, so a link planted
+    there in the collector's directory made root overwrite the link's target. Ours is created
+    with O_EXCL under a random name ending in .tmp (the collector reads *.prom only), then
+    renamed over `path`, which replaces a link there rather than writing through it."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
-        path: str,
+        path: str | Path,
         *,
         interval_s: float = TEXTFILE_INTERVAL_S,
         on_error: Callable[[OSError], None] = lambda _exc: None,
         on_recovered: Callable[[], None] = lambda: None,
     ) -> None:
         self.registry = registry
-        self.path = path
+        self.path = Path(path)
         self.interval_s = interval_s
         self._on_error = on_error
         self._on_recovered = on_recovered
@@ -185,7 +195,8 @@ class TextfileWriter:
     def write(self) -> bool:
         """One write now; errors go to on_error once per run of failures."""
         try:
-            write_to_textfile(self.path, self.registry)
+            text = generate_latest(self.registry).decode("utf-8")
+            write_text_atomic(self.path, text, mode=TEXTFILE_MODE)
         except OSError as exc:
             if not self._failing:
                 self._failing = True

@@ -3,6 +3,8 @@ with prometheus_client's own parser; the node_exporter textfile, written atomica
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -178,3 +180,28 @@ def test_a_textfile_that_cannot_be_written_is_reported_once_until_it_can_again(m
     assert writer.write() is True
     assert recovered == [True]
     assert read_samples(folder / "sglang.prom")
+
+
+def test_the_textfile_is_readable_by_node_exporters_user(metrics, tmp_path):
+    path = tmp_path / "sglang.prom"
+    assert TextfileWriter(metrics.registry, path).write() is True
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("where", ["final name", "prometheus_client's temp name"])
+def test_a_link_planted_beside_the_textfile_is_never_written_through(metrics, tmp_path, where):
+    """prometheus_client's write_to_textfile opened `<path>.<pid>.<thread id>` with a plain
+    open(): a link planted there made root overwrite its target."""
+    collector = tmp_path / "collector"
+    collector.mkdir()
+    path = collector / "sglang.prom"
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    planted = (
+        path if where == "final name" else Path(f"{path}.{os.getpid()}.{threading.get_ident()}")
+    )
+    planted.symlink_to(target)
+    assert TextfileWriter(metrics.registry, path).write() is True
+    assert target.read_text() == "keep me\n"
+    assert read_samples(path)[(P + "server_state", (("state", "stopped"),))] == 1
+    assert not path.is_symlink()
