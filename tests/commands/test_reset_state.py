@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,41 @@ def test_reset_state_refuses_while_a_live_supervisor_holds_the_directory(
     assert run_cli(["reset-state", "--state-dir", str(tmp_path)]) == 0  # the lock went with it
     assert store.load().hicache_size_override_gb is None
     assert run_cli(["reset-state", "--state-dir", str(tmp_path)]) == 0  # and reset-state's too
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o757])
+def test_reset_state_refuses_a_directory_others_can_write_naming_its_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: int
+):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    state_dir.chmod(mode)
+    assert run_cli(["reset-state", "--state-dir", str(state_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"state directory {state_dir} is owned by " in err
+    assert f"mode {mode:04o}: writable by its group or by others" in err
+    assert list(state_dir.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_reset_state_refuses_another_users_directory_naming_the_owner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    os.chown(state_dir, 65534, -1)
+    assert run_cli(["reset-state", "--state-dir", str(state_dir)]) == 2
+    assert "(uid 65534), mode 0755" in capsys.readouterr().err
+
+
+def test_reset_state_refuses_a_link_planted_at_the_lock_and_leaves_its_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "supervisor.lock").symlink_to(target)
+    assert run_cli(["reset-state", "--state-dir", str(state_dir)]) == 2
+    assert "supervisor.lock is a symbolic link" in capsys.readouterr().err
+    assert target.read_text() == "keep me\n"

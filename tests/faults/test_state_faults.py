@@ -62,13 +62,71 @@ def test_a_damaged_state_file_never_stops_a_start_nor_a_restart(
     assert_invariants(tmp_path, sup, shm_record)
 
 
-def test_a_state_directory_that_is_a_file_is_exit_2(
+def a_regular_file(state_dir: Path) -> None:
+    state_dir.write_text("not a directory")
+
+
+def a_dangling_link(state_dir: Path) -> None:
+    state_dir.symlink_to(state_dir.parent / "gone" / "state")
+
+
+def a_loop_of_links(state_dir: Path) -> None:
+    state_dir.symlink_to(state_dir.parent / "loop")
+    (state_dir.parent / "loop").symlink_to(state_dir)
+
+
+def writable_by_all(state_dir: Path) -> None:
+    state_dir.mkdir()
+    state_dir.chmod(0o777)
+
+
+def writable_by_others(state_dir: Path) -> None:
+    state_dir.mkdir()
+    state_dir.chmod(0o757)
+
+
+def another_users(state_dir: Path) -> None:
+    state_dir.mkdir(mode=0o755)
+    os.chown(state_dir, 65534, -1)
+
+
+UNUSABLE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "a regular file": (a_regular_file, "is a regular file, not a directory"),
+    "a dangling link": (a_dangling_link, "to a directory that does not exist"),
+    "a loop of links": (a_loop_of_links, "is a loop of symbolic links"),
+    "mode 0777": (writable_by_all, "mode 0777: writable by its group or by others"),
+    "mode 0757": (writable_by_others, "mode 0757: writable by its group or by others"),
+    "owned by uid 65534": (another_users, "(uid 65534), mode 0755: it must be owned by uid"),
+}
+
+
+@pytest.mark.parametrize("name", list(UNUSABLE))
+def test_a_state_directory_that_cannot_be_trusted_is_exit_2_saying_what_it_is(
+    name: str, tmp_path: Path, free_port: int, simulated_process_guard: str, shm_record: Path
+):
+    make, message = UNUSABLE[name]
+    if name == "owned by uid 65534" and os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    state_dir = tmp_path / "state"
+    make(state_dir)
+    with faulted(tmp_path, free_port, simulated_process_guard, state_dir=state_dir) as sup:
+        fatal = refused(sup, 2, message)
+    assert f"state directory {state_dir} " in fatal["reason"]
+    assert not sup.events("launching"), "nothing starts"
+    assert_invariants(tmp_path, sup, shm_record)
+
+
+def test_a_link_planted_at_the_lock_is_exit_2_and_its_target_untouched(
     tmp_path: Path, free_port: int, simulated_process_guard: str, shm_record: Path
 ):
-    blocker = tmp_path / "state"
-    blocker.write_text("not a directory")
-    with faulted(tmp_path, free_port, simulated_process_guard, state_dir=blocker) as sup:
-        refused(sup, 2, "state directory")
+    target = tmp_path / "precious"
+    target.write_text("root must not truncate this\n")
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "supervisor.lock").symlink_to(target)
+    with faulted(tmp_path, free_port, simulated_process_guard, state_dir=state_dir) as sup:
+        refused(sup, 2, "supervisor.lock is a symbolic link")
+    assert target.read_text() == "root must not truncate this\n"
     assert_invariants(tmp_path, sup, shm_record)
 
 
@@ -100,9 +158,11 @@ def _fill(fd: int) -> int:
 
 @contextlib.contextmanager
 def full_tmpfs(path: Path) -> Iterator[None]:
-    """A 256 KiB tmpfs at `path`, filled up: every write then fails with ENOSPC."""
+    """A 256 KiB tmpfs at `path`, filled up: every write then fails with ENOSPC. Mounted 0700:
+    a tmpfs's root is 1777 by default, which no state directory may be."""
     path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], check=True)
+    options = "size=256k,mode=0700"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
     try:
         fd = os.open(path / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
