@@ -1,7 +1,8 @@
 """Host facts for the pre-flight from /proc, /sys and the cgroup tree (roots injectable for tests).
 
 MemAvailable, cgroup v1/v2 headroom over all ancestors, NUMA node meminfo, RLIMIT_MEMLOCK,
-/dev/shm size, hugepages, whether a port is bound, and which processes hold /dev/nvidia*.
+/dev/shm's size and free space, hugepages, whether a port is bound, and which processes hold
+/dev/nvidia*.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from supervisor.core.units import KiB
 # pre-flight planning another box from given facts reads nothing here.
 if TYPE_CHECKING:
     from supervisor.core.readings import HostMemory, NumaNodeMemory
+    from supervisor.core.shm_space import ShmSpace
 
 # cgroup v1 reports "no limit" as a page-rounded LONG_MAX (9223372036854771712).
 _V1_UNLIMITED = 1 << 62
@@ -267,13 +269,16 @@ class HostProbe:
                 return bool(int(line.split()[1], 16) >> _CAP_IPC_LOCK & 1)
         return False
 
-    def read_shm_bytes(self) -> int | None:
-        """Size of the /dev/shm filesystem (NCCL's shared-memory transport lives there)."""
+    def read_shm(self) -> ShmSpace | None:
+        """/dev/shm's size and free space (SGLang's queues and NCCL's buffers live there).
+        Free is f_bavail: a full /dev/shm is as big as an empty one."""
+        from supervisor.core.shm_space import ShmSpace
+
         try:
             st = os.statvfs(self.shm_path)
         except OSError:
             return None
-        return st.f_frsize * st.f_blocks
+        return ShmSpace(size_bytes=st.f_frsize * st.f_blocks, free_bytes=st.f_frsize * st.f_bavail)
 
     def read_device_holders(self, exclude_pid: int | None = None) -> dict[int, frozenset[str]]:
         """PIDs holding /dev/nvidia* open, with the device paths (unreadable PIDs are skipped)."""

@@ -11,9 +11,11 @@ from enum import Enum
 from typing import Any
 
 from supervisor.core.measured import Deployment
+from supervisor.core.shm_space import ShmNeed, ShmSpace, mib
 from supervisor.core.units import GB, GiB, format_gb
 
-# NCCL's shared-memory transport needs more than Docker's default 64 MiB /dev/shm.
+# NCCL's troubleshooting guide asks a container for `--shm-size=1g`: its SHM transport opens
+# several channels per pair of GPUs, more than the one buffer per pair core.shm_space counts.
 SHM_MIN_BYTES = 1 * GiB
 # cudaHostRegister pins through the driver, but some stacks mlock; below 64 MiB is the distro
 # default (8 MiB on many) and worth a warning.
@@ -55,16 +57,37 @@ def check_memlock(limit_bytes: int | None, readable: bool = True, ipc_lock: bool
     return Check("memlock", status, f"RLIMIT_MEMLOCK {limit_bytes // 1024} KiB{hint}")
 
 
-def check_shm(shm_bytes: int | None) -> Check:
-    if shm_bytes is None:
-        return Check("shm", Status.WARN, "/dev/shm missing or unreadable (NCCL uses it)")
-    if shm_bytes < SHM_MIN_BYTES:
+def check_shm(space: ShmSpace | None, need: ShmNeed) -> Check:
+    """/dev/shm's free space against what the launch puts there (core/shm_space.py): less than
+    SGLang's own segments is a refusal (the ranks die of SIGBUS at init), less than NCCL's share
+    too a warning (NCCL uses it only between GPUs that cannot talk peer to peer)."""
+    if space is None:
+        return Check("shm", Status.WARN, "/dev/shm missing or unreadable (SGLang and NCCL use it)")
+    free, size = space.free_bytes, space.size_bytes
+    have = f"/dev/shm has {mib(free)} free ({free:,} B) of {mib(size)}"
+    made_of = "; ".join(need.parts)
+    if free < need.sglang_bytes:
+        return Check(
+            "shm",
+            Status.FAIL,
+            f"{have}; SGLang's own segments need {mib(need.sglang_bytes)} "
+            f"({need.sglang_bytes:,} B: {made_of}): its ranks would die of SIGBUS at init. "
+            "Remove what fills it (`du -a /dev/shm`) or enlarge it",
+        )
+    if free < need.total_bytes:
         return Check(
             "shm",
             Status.WARN,
-            f"/dev/shm is only {shm_bytes / GiB:.2f} GiB; NCCL needs more (docker --shm-size)",
+            f"{have}; the launch may need {mib(need.total_bytes)} ({need.total_bytes:,} B: "
+            f"{made_of}): NCCL fails to start without room where its GPUs are not peer to peer",
         )
-    return Check("shm", Status.OK, f"/dev/shm {shm_bytes / GiB:.1f} GiB")
+    if size < SHM_MIN_BYTES and need.nccl_bytes:
+        return Check(
+            "shm",
+            Status.WARN,
+            f"{have}, under the 1 GiB NCCL asks of a container (docker --shm-size=1g)",
+        )
+    return Check("shm", Status.OK, f"{have}; the launch needs about {mib(need.total_bytes)}")
 
 
 def check_hugepages(

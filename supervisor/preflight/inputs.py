@@ -26,6 +26,7 @@ from supervisor.core.checks import (
 from supervisor.core.numa_binding import Binding, sglang_binding
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.sglang_facts import HUGEPAGE_ENV
+from supervisor.core.shm_space import launch_need
 from supervisor.core.units import parse_size
 from supervisor.errors import ConfigError
 
@@ -247,7 +248,7 @@ def local_checks(
         checks.append(check_memlock(probe.read_memlock_limit(), ipc_lock=ipc_lock))
     except HostReadError:
         checks.append(check_memlock(None, readable=False))
-    checks.append(check_shm(probe.read_shm_bytes()))
+    checks.append(check_shm(probe.read_shm(), launch_need(plan, env)))
     huge = hugepages_check(probe, env, pools_bytes)
     if huge is not None:
         checks.append(huge)

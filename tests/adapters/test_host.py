@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.adapters.host import HostProbe, HostReadError, is_port_bound
 from supervisor.adapters.sglang_version import installed_sglang_version, interpreter_for
+from supervisor.core.shm_space import ShmSpace
 from supervisor.core.units import GiB, KiB
 
 
@@ -161,9 +162,20 @@ def test_hugepages_per_size(roots):
     assert pages[2048 * KiB].total_pages == 0
 
 
-def test_shm_size_of_a_real_directory_and_a_missing_one(tmp_path):
-    assert (HostProbe(shm_path=tmp_path).read_shm_bytes() or 0) > 0
-    assert HostProbe(shm_path=tmp_path / "missing").read_shm_bytes() is None
+def test_shm_size_and_free_space_of_a_real_directory_and_a_missing_one(tmp_path):
+    space = HostProbe(shm_path=tmp_path).read_shm()
+    assert space is not None
+    assert 0 <= space.free_bytes <= space.size_bytes
+    assert space.size_bytes > 0
+    assert HostProbe(shm_path=tmp_path / "missing").read_shm() is None
+
+
+def test_a_full_dev_shm_of_normal_size_reads_as_full(tmp_path, monkeypatch):
+    """statvfs's f_blocks is the size, f_bavail what is free: only the latter tells it is full."""
+    full = os.statvfs_result((4096, 4096, 4 * 1024 * 1024, 0, 0, 1000, 900, 900, 0, 255, 0))
+    monkeypatch.setattr(os, "statvfs", lambda _path: full)
+    space = HostProbe(shm_path=tmp_path).read_shm()
+    assert space == ShmSpace(size_bytes=16 * GiB, free_bytes=0)
 
 
 def test_device_holders_come_from_fd_symlinks(roots):

@@ -19,6 +19,7 @@ from supervisor.core.checks import (
     check_shm,
 )
 from supervisor.core.sglang_args import parse_launch_args
+from supervisor.core.shm_space import ShmNeed, ShmSpace
 from supervisor.core.units import GB, GiB, MiB
 
 MLA_CELL = 70_272  # Kimi-K2.5 / DeepSeek-V3, bf16, any TP
@@ -292,9 +293,12 @@ def test_host_check_decisions():
     lifted = check_memlock(8 * MiB, ipc_lock=True)
     assert lifted.status is Status.OK
     assert "CAP_IPC_LOCK" in lifted.detail
-    assert check_shm(64 * MiB).status is Status.WARN
-    assert check_shm(None).status is Status.WARN
-    assert check_shm(32 * GiB).status is Status.OK
+    need = ShmNeed(sglang_bytes=24 * MiB, nccl_bytes=8 * MiB, parts=())
+    assert check_shm(ShmSpace(size_bytes=64 * MiB, free_bytes=64 * MiB), need).status is (
+        Status.WARN  # Docker's default, under the 1 GiB NCCL asks of a container
+    )
+    assert check_shm(None, need).status is Status.WARN
+    assert check_shm(ShmSpace(size_bytes=32 * GiB, free_bytes=32 * GiB), need).status is (Status.OK)
     assert check_hugepages(None, None, None) is None
     assert check_hugepages("1GB", None, 10).status is Status.FAIL  # type: ignore[union-attr]
     assert check_hugepages("1GB", 5, 10).status is Status.FAIL  # type: ignore[union-attr]
