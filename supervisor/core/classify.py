@@ -2,8 +2,9 @@
 
 Pure. The class decides what happens next (bad flags: never retried) and the hint tells the
 operator what to change. Precedence: a component that killed the tree for its own reason
-(watchdog: memory_kill) > SGLang's own words in the log > the kernel OOM counter > what the
-supervisor observed (rank state, health, startup) > a generic "exited".
+(watchdog: memory_kill) > SGLang's own words in the log > the kernel OOM counter > a SIGBUS
+before ready (its hint names /dev/shm) > what the supervisor observed (rank state, health,
+startup) > a generic "exited".
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from typing import NamedTuple
 from supervisor.core.log_phases import CRASH_MARKS, LogMark, MarkedLine, marks_in, read_mark
 
 _SIGKILL = 9  # signal.SIGKILL on Linux; the core does not import the OS
+_SIGBUS = 7  # signal.SIGBUS on Linux (x86-64 and arm64)
+# A write into a tmpfs page that cannot be had is a SIGBUS, not an error: SGLang's queues and
+# NCCL's buffers are ftruncated segments of /dev/shm, so a full one kills the rank that first
+# writes into its segment (core/shm_space.py). A model file cut short under its mmap does the same.
+_SIGBUS_HINT = (
+    "a process died of SIGBUS (signal 7, 'Bus error') before ready: most often /dev/shm is "
+    "full or too small for SGLang's queues and NCCL's buffers (`df -h /dev/shm`: remove what "
+    "fills it, or enlarge it: docker --shm-size, the pod's /dev/shm emptyDir sizeLimit); else "
+    "a model file changed or cut short while it was mapped"
+)
 
 
 class FailureKind(str, Enum):
@@ -148,6 +159,11 @@ def classify(
         hint = "SGLang's warm-up request failed and it killed its own tree (log lines above)"
         status = describe_exit(exit_code, signal_number)
         return Classification(FailureKind.EXITED_UNEXPECTEDLY, f"{hint} ({status})")
+    if not context.was_ready and _died_of_sigbus(marks, exited_by_itself, signal_number):
+        kind = context.observed or (
+            FailureKind.RANK_CRASH if kinds & CRASH_MARKS else FailureKind.EXITED_UNEXPECTEDLY
+        )
+        return Classification(kind, f"{_SIGBUS_HINT} ({describe_exit(exit_code, signal_number)})")
     if context.observed is not None:
         return _plain(context.observed)
     if kinds & CRASH_MARKS or LogMark.GPU_OOM in kinds:
@@ -164,6 +180,22 @@ def classify(
 
 def _plain(kind: FailureKind) -> Classification:
     return Classification(kind, _HINTS[kind])
+
+
+def _died_of_sigbus(
+    marks: Sequence[MarkedLine], exited_by_itself: bool, signal_number: int | None
+) -> bool:
+    """The main process, a rank (SGLang's "exit code: -7"), or faulthandler says SIGBUS."""
+    if exited_by_itself and signal_number == _SIGBUS:
+        return True
+    return any(
+        m.mark is LogMark.BUS_ERROR
+        or (
+            m.mark in (LogMark.RANK_DIED_AT_INIT, LogMark.SUBPROCESS_CRASHED)
+            and m.exit_code == -_SIGBUS
+        )
+        for m in marks
+    )
 
 
 def _looks_oom_killed(

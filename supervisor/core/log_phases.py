@@ -34,6 +34,7 @@ class LogMark(str, Enum):
     RANK_DIED_AT_INIT = "rank_died_at_init"
     SIGQUIT = "sigquit"
     WARMUP_FAILED = "warmup_failed"  # SGLang's warm-up request failed; it killed its own tree
+    BUS_ERROR = "bus_error"  # a process died of SIGBUS (Python's faulthandler said so)
 
 
 CRASH_MARKS = frozenset(
@@ -66,7 +67,7 @@ class Phrase:
 
     text: str
     mark: LogMark
-    origin: str = "sglang"  # sglang | torch | os
+    origin: str = "sglang"  # sglang | torch | python | os
 
 
 # Checked in order; the first match wins.
@@ -92,6 +93,9 @@ PHRASES: tuple[Phrase, ...] = (
     Phrase("sigquit received", LogMark.SIGQUIT),
     Phrase("received sigquit from a child process", LogMark.SIGQUIT),
     Phrase("initialization failed. warmup error", LogMark.WARMUP_FAILED),
+    # faulthandler's first line on SIGBUS; SGLang's schedulers enable it
+    # (srt/managers/scheduler.py line 6295, in configure_scheduler_process).
+    Phrase("fatal python error: bus error", LogMark.BUS_ERROR, "python"),
 )
 # "Allocating … hierarchical KV host pool: N tokens, X GB host memory."
 _HOST_POOL = re.compile(r"allocating .*host pool", re.IGNORECASE)

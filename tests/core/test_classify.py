@@ -133,3 +133,47 @@ def test_a_failed_warm_up_is_named_not_taken_for_the_oom_killer():
     assert got.kind is K.EXITED_UNEXPECTEDLY
     assert "warm-up request failed" in got.hint
     assert classify(None, 9, tail, DeathContext(oom_kills=1)).kind is K.KERNEL_OOM_KILLED
+
+
+BUS_TAIL = [
+    "Fatal Python error: Bus error",
+    "",
+    "Thread 0x00007f3a2c5fe640 (most recent call first):",
+    "Rank 1 scheduler died during initialization (exit code: -7). If exit code is -9 (SIGKILL), "
+    "a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.",
+]
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "sig", "tail", "kind"),
+    [
+        (1, None, BUS_TAIL, K.RANK_CRASH),  # a rank, as SGLang's main process reports it
+        (1, None, BUS_TAIL[-1:], K.RANK_CRASH),  # the rank's exit code alone
+        (1, None, ["Subprocess scheduler_0 (pid=4242) crashed with exit code -7"], K.RANK_CRASH),
+        (None, 7, [], K.EXITED_UNEXPECTEDLY),  # the main process itself
+        (1, None, BUS_TAIL[:1], K.EXITED_UNEXPECTEDLY),  # faulthandler's line alone
+    ],
+)
+def test_a_sigbus_at_init_names_a_possible_full_dev_shm(exit_code, sig, tail, kind):
+    result = classify(exit_code, sig, tail, DeathContext(oom_kills=0))
+    assert result.kind is kind
+    assert "SIGBUS (signal 7, 'Bus error') before ready" in result.hint
+    assert "/dev/shm is full or too small" in result.hint
+    assert "df -h /dev/shm" in result.hint
+
+
+def test_what_the_runner_saw_keeps_its_class_with_the_dev_shm_hint():
+    context = DeathContext(observed=K.RANK_CRASH, oom_kills=0)
+    result = classify(None, None, BUS_TAIL, context)
+    assert result.kind is K.RANK_CRASH
+    assert "/dev/shm" in result.hint
+
+
+def test_a_sigbus_after_ready_or_a_sigkill_at_init_does_not_blame_dev_shm():
+    ready = classify(None, 7, [], DeathContext(was_ready=True, oom_kills=0))
+    assert "/dev/shm" not in ready.hint
+    killed = ["Rank 1 scheduler died during initialization (exit code: -9)."]
+    oom = classify(1, None, killed, DeathContext())
+    assert oom.kind is K.KERNEL_OOM_KILLED
+    assert "/dev/shm" not in oom.hint
+    assert "/dev/shm" not in classify(1, None, ["exit code: -11"], DeathContext(oom_kills=0)).hint
