@@ -26,3 +26,6 @@ HEALTH_ENDPOINTS = ("/health", "/health_generate")
 # NUMA binding of the schedulers (utils/numa_utils.py); both default to on.
 NUMA_BIND_V2_ENV = "SGLANG_NUMA_BIND_V2"  # bind by running each scheduler under numactl
 AUTO_NUMA_BIND_ENV = "SGLANG_AUTO_NUMA_BIND"  # bind without --numa-node, nodes from NVML
+
+# The TP group's broadcast queue in /dev/shm (distributed/parallel_state.py); on by default.
+MESSAGE_QUEUE_BROADCASTER_ENV = "SGLANG_USE_MESSAGE_QUEUE_BROADCASTER"

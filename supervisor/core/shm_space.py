@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from supervisor.core.sglang_facts import MESSAGE_QUEUE_BROADCASTER_ENV
 from supervisor.core.units import KiB, MiB
 
 if TYPE_CHECKING:  # the pre-flight's checks import this module: no more than they need
@@ -92,7 +93,7 @@ def launch_need(plan: LaunchPlan, env: Mapping[str, str]) -> ShmNeed:
     parts: list[str] = []
     sglang = _pages(LOAD_HEADER_BYTES + plan.dp_size * LOAD_SLOT_BYTES)
     parts.append(f"load snapshot {sglang // KiB} KiB")
-    queue_on = env.get("SGLANG_USE_MESSAGE_QUEUE_BROADCASTER", "1").strip().lower() not in _FALSE
+    queue_on = env.get(MESSAGE_QUEUE_BROADCASTER_ENV, "1").strip().lower() not in _FALSE
     writers_here = groups if not spans_nodes or plan.node_rank == 0 else 0
     if queue_on and tp_here > 1 and writers_here:
         ring = _pages((MQ_CHUNK_BYTES + 1 + tp_here - 1) * MQ_CHUNKS)

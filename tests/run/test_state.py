@@ -86,9 +86,7 @@ def test_concurrent_updates_are_not_lost(tmp_path):
 def test_a_file_on_the_state_dirs_path_is_a_config_error_naming_both(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(
-        ConfigError, match=r"directory .*file/x cannot be used: .*file on its"
-    ):
+    with pytest.raises(ConfigError, match=r"directory .*file/x cannot be used: .*file on its"):
         StateStore(blocker / "x").ensure_writable()
 
 
