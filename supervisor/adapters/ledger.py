@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from supervisor.atomic_file import write_text_atomic
+from supervisor.atomic_file import NotRegularFile, open_regular, write_text_atomic
 from supervisor.core import ledger
 from supervisor.core.ledger import Reservation
 
@@ -135,7 +135,9 @@ class Ledger:
     def _lock(self) -> int | None:
         try:
             self.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-            fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Never through a link: root would create or lock whatever it points at.
+            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(self.directory / LOCK_FILE, flags, 0o644)
         except OSError as exc:
             self.unavailable(f"cannot open {self.directory / LOCK_FILE}: {exc.strerror or exc}")
             return None
@@ -152,12 +154,13 @@ class Ledger:
                 time.sleep(_LOCK_POLL_S)
 
     def _read(self) -> tuple[Reservation, ...]:
-        if self.path.exists() and not self.path.is_file():  # a FIFO would block the read
-            _warn("ledger_damaged", path=str(self.path), detail="not a regular file")
-            return ()
-        try:
-            raw = self.path.read_bytes()
+        try:  # never a FIFO (it would block the read), never through a link
+            with open_regular(self.path, follow_symlinks=False) as fh:
+                raw = fh.read()
         except FileNotFoundError:
+            return ()
+        except NotRegularFile as exc:
+            _warn("ledger_damaged", path=str(self.path), detail=str(exc))
             return ()
         except OSError as exc:
             self.unavailable(f"cannot read {self.path}: {exc.strerror or exc}")

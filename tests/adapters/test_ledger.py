@@ -101,3 +101,20 @@ def test_a_lock_held_forever_gives_up_after_the_wait(tmp_path: Path, monkeypatch
     finally:
         os.close(holder)
         os.close(fd)
+
+
+def test_links_planted_at_the_ledger_and_its_lock_are_never_followed(tmp_path: Path):
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    book = tmp_path / "ledger"
+    book.mkdir()
+    (book / LEDGER_FILE).symlink_to(target)
+    with capture_logs() as logs:
+        assert Ledger(book, "me").others() == ()
+    assert logs[0]["event"] == "ledger_damaged"
+    assert "symbolic link" in logs[0]["detail"]
+    (book / LOCK_FILE).symlink_to(target)
+    with capture_logs() as logs:
+        Ledger(book, "me").set(planned_bytes=GB)
+    assert [e["event"] for e in logs] == ["ledger_unavailable"]
+    assert target.read_text() == "keep me\n"
