@@ -18,6 +18,7 @@ Decided here, documented in docs/faults.md ("State and files"):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pwd
 import stat
@@ -37,12 +38,16 @@ class UnsafeDirectory(Exception):
     """The directory cannot be used; the message says why, the path named by the caller."""
 
 
-def _entry(path: Path, st: os.stat_result) -> Entry:
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    return Entry(path=str(path), uid=st.st_uid, owner=owner, mode=stat.S_IMODE(st.st_mode))
+def _refuse_if_unsafe(path: Path, st: os.stat_result, role: Role, euid: int) -> None:
+    entry = Entry(
+        path=str(path), uid=st.st_uid, owner=str(st.st_uid), mode=stat.S_IMODE(st.st_mode)
+    )
+    if problem(entry, role, euid) is None:
+        return
+    # The owner's name only for the message: a lookup may ask a directory service.
+    with contextlib.suppress(KeyError):
+        entry = dataclasses.replace(entry, owner=pwd.getpwuid(st.st_uid).pw_name)
+    raise UnsafeDirectory(problem(entry, role, euid))
 
 
 def _kind(mode: int) -> str:
@@ -56,9 +61,7 @@ def _kind(mode: int) -> str:
 
 
 def _judge(path: Path, role: Role, euid: int) -> None:
-    why = problem(_entry(path, os.lstat(path)), role, euid)
-    if why is not None:
-        raise UnsafeDirectory(why)
+    _refuse_if_unsafe(path, os.lstat(path), role, euid)
 
 
 def private_dir(path: Path, euid: int | None = None) -> Path:
@@ -111,9 +114,7 @@ def _follow(
     """(where the link's target is walked from, the target's components)."""
     if count > MAX_LINKS:
         raise UnsafeDirectory(f"is a loop of symbolic links (more than {MAX_LINKS} followed)")
-    why = problem(_entry(link, st), Role.LINK, euid)
-    if why is not None:
-        raise UnsafeDirectory(why)
+    _refuse_if_unsafe(link, st, Role.LINK, euid)
     target = Path(os.readlink(link))
     if target.is_absolute():
         return Path("/"), target.parts[1:]
