@@ -11,8 +11,8 @@ Decided here, documented in docs/faults.md ("State and files"):
   then the link's target, judged by the same rule;
 - a link whose target does not exist is refused, not created through: a path that names a link
   means the target to be there;
-- a loop of links, a regular file on the path, or an unreadable component: refused with what it
-  is.
+- a loop of links, or a regular file on the path: refused, saying which; a component that
+  cannot be read or made (EACCES, EROFS) is the caller's OSError.
 """
 
 from __future__ import annotations
