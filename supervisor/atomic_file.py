@@ -23,11 +23,17 @@ from typing import BinaryIO
 PRIVATE_FILE_MODE = 0o600
 
 
-def write_text_atomic(path: Path, text: str, mode: int = PRIVATE_FILE_MODE) -> None:
+def write_text_atomic(
+    path: Path, text: str, mode: int = PRIVATE_FILE_MODE, *, sync: bool = True
+) -> None:
     """Write `text` to a temp file beside `path`, fsync it, rename it over `path`, fsync the dir.
 
     The temp file is created 0600 and given `mode` before the rename. A symbolic link at `path`
     is replaced by the new file; its target is never opened.
+
+    `sync=False` skips both fsyncs: the rename is still atomic and outlives this process (the
+    page cache holds it), only a power cut may lose it. For a write that must not wait on the
+    disk (the memory watchdog's, right before a kill); a synced write should follow.
 
     Raises:
         OSError: the directory is missing, full or not writable; `path` is then unchanged.
@@ -41,12 +47,15 @@ def write_text_atomic(path: Path, text: str, mode: int = PRIVATE_FILE_MODE) -> N
                 os.fchmod(f.fileno(), mode)
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not sync:
+        return
     # The rename itself must reach the disk, or a power cut can bring the old file back.
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -255,13 +255,13 @@ class StateStore:
         with self._lock:
             self._save(state)
 
-    def _save(self, state: RunState) -> None:
+    def _save(self, state: RunState, *, sync: bool = True) -> None:
         """Write the state; a full or failing disk keeps it in memory (and says so once) rather
         than ending a run that is serving: the next change tries again."""
         state = dataclasses.replace(state, updated_at=self.clock.wall())
         payload = json.dumps(scrub(state.to_json()), indent=2, sort_keys=True) + "\n"
         try:
-            write_text_atomic(self.path, payload)
+            write_text_atomic(self.path, payload, sync=sync)
         except OSError as exc:
             if self._unsaved is None:
                 log.error(
@@ -282,6 +282,23 @@ class StateStore:
             new = change(self._load())
             self._save(new)
             return new
+
+    def try_update(
+        self, change: Callable[[RunState], RunState], *, wait_s: float, sync: bool = True
+    ) -> RunState | None:
+        """`update` for a caller that must not wait: None when the lock is not free within
+        `wait_s` (another thread is writing). `sync=False` skips the fsyncs (see
+        write_text_atomic): the new file survives the death of this process at once, a power
+        cut only after the next synced write. The memory watchdog writes its shrink this way
+        right before a SIGKILL."""
+        if not self._lock.acquire(timeout=wait_s):
+            return None
+        try:
+            new = change(self._load())
+            self._save(new, sync=sync)
+            return new
+        finally:
+            self._lock.release()
 
 
 def _read_regular(path: Path) -> bytes:

@@ -83,6 +83,43 @@ def test_concurrent_updates_are_not_lost(tmp_path):
     assert store.load().restart_count == 60
 
 
+def test_try_update_gives_up_while_another_thread_writes_and_can_skip_the_fsyncs(
+    tmp_path, monkeypatch
+):
+    """The watchdog's write right before a SIGKILL: never waits on the run loop's write, nor on
+    the disk."""
+    store = StateStore(tmp_path)
+    held, release = threading.Event(), threading.Event()
+
+    def bigger(state: RunState) -> RunState:
+        return dataclasses.replace(state, hicache_size_override_gb=30)
+
+    def slow_change(state: RunState) -> RunState:
+        held.set()
+        release.wait(10)
+        return dataclasses.replace(state, restart_count=1)
+
+    writer = threading.Thread(target=store.update, args=(slow_change,))
+    writer.start()
+    try:
+        assert held.wait(10)
+        assert store.try_update(bigger, wait_s=0.01) is None
+    finally:
+        release.set()
+        writer.join()
+    assert store.load().hicache_size_override_gb is None
+    synced: list[int] = []
+    monkeypatch.setattr("os.fsync", lambda fd: synced.append(fd))
+    new = store.try_update(bigger, wait_s=1.0, sync=False)
+    assert new is not None
+    assert new.hicache_size_override_gb == 30
+    assert synced == []  # neither the file nor the directory
+    assert json.loads(store.path.read_text())["hicache_size_override_gb"] == 30
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    store.update(lambda s: s)
+    assert len(synced) == 2  # an ordinary update syncs both
+
+
 def test_a_file_on_the_state_dirs_path_is_a_config_error_naming_both(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -130,7 +167,7 @@ def test_a_full_disk_keeps_the_state_in_memory_until_a_write_succeeds(tmp_path, 
     store = StateStore(tmp_path)
     store.save(RunState(restart_count=1))
 
-    def full(path: object, text: str) -> None:
+    def full(path: object, text: str, *, sync: bool = True) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("supervisor.run.state.write_text_atomic", full)
