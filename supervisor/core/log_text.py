@@ -130,6 +130,10 @@ _TEMPLATES: dict[str, str] = {
     "incidents_pruned": "{removed} old incident files removed",
     "hicache_shrunk": "--hicache-size shrunk from {previous_gb} to {hicache_size_gb} GB: {reason}",
     "hicache_not_shrunk": "--hicache-size not shrunk: {reason}",
+    "hicache_shrink_saved": "--hicache-size {hicache_size_gb} GB saved for the next launch "
+    "before the kill: {reason}",
+    "hicache_shrink_not_saved": "--hicache-size not saved before the kill (a bug; traceback "
+    "follows)",
     # GPU release
     "gpu_release_waiting": "waiting for the GPUs: {reason}",
     "gpu_release_done": "GPUs {gpus:list} released after {elapsed_s:secs}",

@@ -2,7 +2,8 @@
 
 `MemoryGuard(settings, store, ...)` gives what the runner's Plugins take: a component factory
 (one MemoryWatchdog per launched server, its tree budget from that launch's pre-flight report),
-a death hook (restart smaller after a memory kill) and a release hook (the GPU release outcome
+a death hook (restart smaller after a memory kill: the watchdog has written the size before its
+kill already, the classification confirms it) and a release hook (the GPU release outcome
 goes into the incident; a failed one gets an incident of its own). The watchdog writes the
 incident; later steps are appended here.
 """
@@ -21,7 +22,7 @@ from supervisor.core.ports import ServerHandle
 from supervisor.core.readings import GpuState, ProcessInfo
 from supervisor.core.units import GB
 from supervisor.memory.incident import Incident
-from supervisor.memory.restart_smaller import restart_smaller
+from supervisor.memory.restart_smaller import ShrinkKeeper, restart_smaller
 from supervisor.memory.watchdog import HostSource, MemoryWatchdog
 from supervisor.run.death import DeathReport
 from supervisor.run.gpu_wait import ReleaseResult
@@ -118,6 +119,7 @@ class MemoryGuard:
             run_id=info.run_id,
             incident_log_lines=self.cfg.incident_log_lines,
             keep_files=self.settings.run.keep_files,
+            keep_shrink=ShrinkKeeper(info.plan, info.fit, lambda: self.cfg, self.store),
         )
         return self.dog
 

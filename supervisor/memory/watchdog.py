@@ -3,9 +3,10 @@
 Runs beside the runner's main loop (which may sit in a 25 s health check) and acts on its own:
 in a memory emergency it SIGKILLs the whole server tree at once (the server handle's kill_all:
 cgroup.kill, or the group and every member's pidfd, each followed by process_mrelease at once),
-writes the incident
-and posts a WatchdogEvent; the runner classifies the death as memory_kill, waits for the GPUs
-(run/gpu_wait.py) and relaunches smaller (memory/restart_smaller.py). It never queries NVML:
+writes the incident and posts a WatchdogEvent; the runner classifies the death as memory_kill,
+waits for the GPUs (run/gpu_wait.py) and relaunches smaller (memory/restart_smaller.py). The
+smaller `--hicache-size` is written before the tree is signalled (`keep_shrink`), so a
+supervisor that dies before the classification still relaunches smaller. It never queries NVML:
 the GPU snapshot in an incident is the guard's last one.
 """
 
@@ -80,6 +81,7 @@ class MemoryWatchdog:
         rescan_s: float = RESCAN_S,
         incident_log_lines: int = 200,
         keep_files: int = 100,
+        keep_shrink: Callable[[bool], None] | None = None,
     ) -> None:
         self.server = server
         self.limits = limits
@@ -95,6 +97,7 @@ class MemoryWatchdog:
         self.rescan_s = rescan_s
         self.incident_log_lines = incident_log_lines
         self.keep_files = keep_files
+        self.keep_shrink = keep_shrink
         self._scanned_pids: frozenset[int] = frozenset()
         self._members_settled = False
         self.history: collections.deque[Reading] = collections.deque(maxlen=HISTORY_TICKS)
@@ -259,9 +262,19 @@ class MemoryWatchdog:
 
     # -- acting ------------------------------------------------------------------------------
 
+    def _keep_shrink(self, urgent: bool) -> None:
+        """Have the restart-smaller size written; a failure is logged, never stops a kill."""
+        if self.keep_shrink is None:
+            return
+        try:
+            self.keep_shrink(urgent)
+        except Exception:  # the kill matters more than the size (logged with its traceback)
+            self.log.exception("hicache_shrink_not_saved")
+
     def _kill(self, decision: Decision) -> None:
         self.acting.set()
         self.reported.clear()
+        self._keep_shrink(urgent=True)  # no fsync, no waiting: the kill goes first
         pids = self.server.kill_all(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.killed_at_s = self.clock.monotonic()
         self.log.error(
@@ -273,6 +286,7 @@ class MemoryWatchdog:
             mrelease=self.server.memory_released,
             **self._numbers(),
         )
+        self._keep_shrink(urgent=False)  # now durably (a no-op if the SIGTERM's write was)
         self.incident = self._write_incident("memory_kill", decision)
         if self.incident is not None and self.terminated_at_s is not None:
             self.incident.record_next("escalated_from_terminate")
@@ -292,6 +306,7 @@ class MemoryWatchdog:
     def _terminate(self, decision: Decision) -> None:
         self.acting.set()
         self.reported.clear()
+        self._keep_shrink(urgent=False)  # a SIGTERM has its grace: written durably first
         self.server.terminate(KillReason(FailureKind.MEMORY_KILL, decision.reason))
         self.terminated_at_s = self.clock.monotonic()
         self.log.error(

@@ -18,8 +18,10 @@ from supervisor.core.classify import Classification, FailureKind
 from supervisor.core.sglang_args import parse_launch_args
 from supervisor.memory.guard import MemoryGuard, limits_from_config
 from supervisor.memory.incident import Incident
+from supervisor.memory.watchdog import MemoryWatchdog
 from supervisor.run.death import DeathReport
 from supervisor.run.gpu_wait import ReleaseResult
+from supervisor.run.override import launch_override
 from supervisor.run.plugins import LaunchInfo
 from supervisor.run.state import StateStore
 from tests.fakes import FakeServer
@@ -219,3 +221,55 @@ def test_a_failed_gpu_release_gets_an_incident_of_its_own_linked_from_the_memory
     own = list(tmp_path.glob("incident-*gpu_unrecoverable*.json"))
     assert len(own) == 1
     assert json.loads(own[0].read_text())["summary"] == "GPU 3 reset failed"
+
+
+def _launch(guard: MemoryGuard, argv: tuple[str, ...] = ARGV) -> MemoryWatchdog:
+    info = LaunchInfo(run_id="r1", argv=argv, plan=parse_launch_args(argv), fit=None)
+    dog = guard.watchdog_for(FakeServer(1000, "r1", ranks=2), lambda event: None, info)
+    assert dog is not None
+    assert dog.keep_shrink is not None
+    return dog
+
+
+@pytest.mark.parametrize("urgent", [True, False])
+def test_the_watchdog_s_shrink_is_in_the_state_file_before_the_kill_and_a_restart_uses_it(
+    tmp_path: Path, urgent: bool
+):
+    """The supervisor dies between the watchdog's signal and the classification: the state
+    file has the smaller size already, and the next supervisor's launch takes it."""
+    guard, store = _protection(tmp_path)
+    dog = _launch(guard)
+    assert dog.keep_shrink is not None
+    with capture_logs() as logs:
+        dog.keep_shrink(urgent)
+    on_disk = json.loads(store.path.read_text())
+    assert on_disk["hicache_size_override_gb"] == 30
+    assert "40 -> 30" in on_disk["override_reason"]
+    # Urgent (before a SIGKILL) logs nothing: a blocked log must not hold the kill.
+    assert [e["event"] for e in logs] == ([] if urgent else ["hicache_shrink_saved"])
+    restarted = StateStore(tmp_path)
+    argv = launch_override(guard.settings, restarted, time.time())
+    assert argv[argv.index("--hicache-size") + 1] == "30"
+
+
+def test_the_classification_confirms_the_size_the_watchdog_kept(tmp_path: Path):
+    guard, store = _protection(tmp_path)
+    dog = _launch(guard)
+    assert dog.keep_shrink is not None
+    dog.keep_shrink(True)
+    dog.keep_shrink(False)
+    dog.keep_shrink(False)  # once per launch: the second durable call writes nothing
+    with capture_logs() as logs:
+        guard.on_death(_report(store, FailureKind.MEMORY_KILL))
+    assert store.load().hicache_size_override_gb == 30  # 40 × 0.75 once, not twice
+    shrunk = [e for e in logs if e["event"] == "hicache_shrunk"]
+    assert [(e["previous_gb"], e["hicache_size_gb"]) for e in shrunk] == [(40, 30)]
+
+
+def test_a_server_without_the_hierarchical_cache_gets_nothing_kept(tmp_path: Path):
+    guard, store = _protection(tmp_path)
+    dog = _launch(guard, ("--model-path", "m", "--tp-size", "8"))
+    assert dog.keep_shrink is not None
+    dog.keep_shrink(True)
+    dog.keep_shrink(False)
+    assert not store.path.exists()
