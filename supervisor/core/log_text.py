@@ -190,6 +190,18 @@ def _watchdog_limits(event: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
     return text, frozenset(used)
 
 
+def _drain_cut(event: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
+    grace = _FORMAT.format_field(event["grace_s"], "secs")
+    count = event.get("remaining_requests")
+    if isinstance(count, int):
+        plural = "" if count == 1 else "s"
+        cut = f"with {count} request{plural} still in flight (SGLang's last count)"
+    else:
+        cut = "before SGLang counted the requests in flight"
+    text = f"stop grace of {grace} ran out while the server drained: killed {cut}"
+    return text, frozenset({"grace_s", "remaining_requests"})
+
+
 def _preflight_report(event: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
     verdict = event["verdict"]
     required = _FORMAT.format_field(event.get("host_required_bytes"), "size")
@@ -241,6 +253,7 @@ def _gpu_health(event: Mapping[str, Any]) -> tuple[str, frozenset[str]]:
 
 _FUNCTIONS: dict[str, Sentence] = {
     "watchdog_limits": _watchdog_limits,
+    "drain_cut": _drain_cut,
     "preflight_report": _preflight_report,
     "gpu_event": _gpu_event,
     "gpu_health": _gpu_health,

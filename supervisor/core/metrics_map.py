@@ -90,6 +90,11 @@ SPECS: tuple[MetricSpec, ...] = (
         (*_FAILURES, STOPPED_EXIT),
     ),
     MetricSpec(
+        "drains_cut_total",
+        Kind.COUNTER,
+        "Stops whose grace ran out while the server drained (requests in flight were reset).",
+    ),
+    MetricSpec(
         "health_check_duration_seconds",
         Kind.HISTOGRAM,
         "Health checks of a ready server, each until its answer.",
@@ -375,6 +380,7 @@ _HANDLERS: dict[str, Callable[[Mapping[str, Any]], list[Update]]] = {
     "watchdog_limits": _limits,
     "health_check": _health_check,
     "hicache_shrunk": lambda _e: [Update("hicache_shrinks_total", Op.INC)],
+    "drain_cut": lambda _e: [Update("drains_cut_total", Op.INC)],
     "gpu_release_done": _gpu_release,
     "gpu_release_failed": _gpu_release,
     "gpu_reset_done": lambda _e: [Update("gpu_resets_total", Op.INC, label="ok")],

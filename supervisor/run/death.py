@@ -13,6 +13,7 @@ import structlog
 
 from supervisor.core.checks import FitReport
 from supervisor.core.classify import Classification, DeathContext, FailureKind, classify
+from supervisor.core.drain import Remaining
 from supervisor.core.events import STOP_REQUESTED, KillReason, SignalEvent
 from supervisor.core.ports import Clock, EventQueue, LaunchedServer, Processes
 from supervisor.core.readings import ExitStatus
@@ -123,24 +124,56 @@ def kill_and_classify(
 _STOP_POLL_S = 0.1
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Drained:
+    """How a stop's drain ended: `drained_s` from the SIGTERM until the main process exited or
+    the drain was cut; `cut` "grace" (the grace ran out with it alive), "signal" (a second stop
+    signal), None (it exited by itself)."""
+
+    pids: tuple[int, ...]  # the tree's processes signalled at the end
+    started_s: float  # monotonic, the SIGTERM
+    drained_s: float
+    cut: str | None
+
+
 def drain_then_kill(
     server: LaunchedServer,
     grace_s: float,
     clock: Clock,
     events: EventQueue,
     feed_watchdog: Callable[[], None],
-) -> tuple[int, ...]:
+) -> Drained:
     """SIGTERM the main process, give it `grace_s` to drain and exit (a second stop signal cuts
-    it short), then SIGKILL the whole tree and wait until it is gone; the PIDs signalled."""
+    it short), then SIGKILL the whole tree and wait until it is gone."""
     server.terminate(STOP_REQUESTED)
-    deadline = clock.monotonic() + grace_s
-    while server.poll() is None and (left := deadline - clock.monotonic()) > 0:
+    started_s = clock.monotonic()
+    deadline = started_s + grace_s
+    cut: str | None = None
+    while server.poll() is None:
+        left = deadline - clock.monotonic()
+        if left <= 0:
+            cut = "grace"
+            break
         event = events.get(min(_STOP_POLL_S, left))
         if isinstance(event, SignalEvent) and event.stops:
             log.warning("stop_escalated", signal=event.name)
             events.put(event)  # still a stop for the next wait (a reload's relaunch has one)
+            cut = "signal"
             break
         feed_watchdog()
+    drained_s = clock.monotonic() - started_s
     pids = server.kill_all(STOP_REQUESTED)
     wait_tree_gone(server, clock, STOP_REQUESTED)
-    return pids
+    return Drained(pids=pids, started_s=started_s, drained_s=drained_s, cut=cut)
+
+
+def note_cut(drained: Drained, grace_s: float, remaining: Remaining | None) -> None:
+    """`drain_cut`: the grace ran out with the server alive, and its SIGKILL reset the requests
+    still in flight: SGLang's last count of them (None: it printed none during this drain)."""
+    log.warning(
+        "drain_cut",
+        grace_s=grace_s,
+        drained_s=round(drained.drained_s, 3),
+        remaining_requests=remaining.requests if remaining is not None else None,
+        counted_after_s=round(remaining.at_s - drained.started_s, 3) if remaining else None,
+    )

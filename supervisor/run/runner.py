@@ -19,6 +19,7 @@ import structlog
 
 from supervisor.config import RunSettings
 from supervisor.core.checks import FitReport
+from supervisor.core.drain import DrainLog
 from supervisor.core.events import (
     KillReason,
     MemoryAction,
@@ -39,6 +40,7 @@ from supervisor.run.death import (
     DeathReport,
     drain_then_kill,
     kill_and_classify,
+    note_cut,
     wait_tree_gone,
 )
 from supervisor.run.events import EventClock, StopRequested, extension_margin_s
@@ -231,6 +233,7 @@ class Runner:
     def launch(self, argv: tuple[str, ...]) -> LaunchedServer:
         self.run_id = uuid.uuid4().hex[:12]
         self.sizing = SizingLog()  # SGLang's own numbers of this launch, from its output
+        self.drain_log = DrainLog()
         structlog.contextvars.bind_contextvars(run_id=self.run_id)
         self.set_state(ServerState.LAUNCHING, argv=list(redact_argv(argv)))
         processes = self.io.processes
@@ -241,7 +244,7 @@ class Runner:
             argv,
             redact=self.redact,
             supervisor_mark=processes.self_mark(),
-            on_line=self.sizing.feed,
+            on_line=self._server_line,
         )
         self.launched_argv = argv
         server.watch_exits(lambda: self.events.put(WakeEvent(Wake.TREE_CHANGED)))
@@ -325,9 +328,12 @@ class Runner:
         self.set_state(ServerState.STOPPING, reason=self.stop_reason, grace_s=grace_s)
         if self.stop_reason != reload.RELOAD_STOP:  # a reload's relaunch: the unit stays up
             self.notifier.stopping(f"stopping (run {self.run_id})")
-        pids = drain_then_kill(server, grace_s, self.clock, self.events, self._feed_watchdog)
-        self.stopped_pids = pids
-        self.set_state(ServerState.STOPPED, pids=list(pids))
+        drained = drain_then_kill(server, grace_s, self.clock, self.events, self._feed_watchdog)
+        self.stopped_pids = drained.pids
+        if drained.cut == "grace" and not worker:  # a worker has no requests of its own
+            note_cut(drained, grace_s, self.drain_log.since(drained.started_s))
+        drained_s = round(drained.drained_s, 3)
+        self.set_state(ServerState.STOPPED, pids=list(drained.pids), drained_s=drained_s)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -350,6 +356,11 @@ class Runner:
         if interval is not None and now - self._last_ping_s >= interval:
             self.notifier.watchdog()
             self._last_ping_s = now
+
+    def _server_line(self, line: str) -> None:
+        """Each line of the server's output (its output thread): SGLang's own numbers."""
+        self.sizing.feed(line)
+        self.drain_log.feed(line, self.clock.monotonic())
 
     def _note_pinned(self, pinned_bytes: int) -> None:
         """While loading, tell the ledger how much of the plan the tree holds (once a second)."""

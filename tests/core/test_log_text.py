@@ -83,6 +83,19 @@ def test_watchdog_limits_name_the_kill_lines_with_units() -> None:
     )
 
 
+def test_a_cut_drain_says_how_many_requests_it_cut_or_that_sglang_had_not_counted() -> None:
+    cut = event("drain_cut", "warning", grace_s=60.0, drained_s=60.05, counted_after_s=55.0)
+    assert journal_line({**cut, "remaining_requests": 2}) == (
+        "<4>stop grace of 60 s ran out while the server drained: killed with 2 requests still in "
+        "flight (SGLang's last count) drained_s=60.05 counted_after_s=55.0"
+    )
+    assert "with 1 request still" in journal_line({**cut, "remaining_requests": 1})
+    assert journal_line({**cut, "remaining_requests": None, "counted_after_s": None}) == (
+        "<4>stop grace of 60 s ran out while the server drained: killed before SGLang counted the "
+        "requests in flight drained_s=60.05 counted_after_s=null"
+    )
+
+
 def test_the_preflight_report_names_its_verdict_and_failed_checks() -> None:
     checks = [
         {"name": "host_memory", "status": "fail", "detail": "short"},

@@ -45,6 +45,8 @@ class FakeServer:
         self.ready_marked = False
         self.notify_exit: Callable[[], None] | None = None  # the runner's exit callback
         self.seen: dict[int, int] = {}
+        # Where a line the server prints later goes (the launcher's sink, as the pump feeds it).
+        self.sink: Callable[[str], None] = lambda line: None
 
     # -- what the test does ----------------------------------------------------------------
 
@@ -55,6 +57,11 @@ class FakeServer:
     def set_rank_state(self, index: int, state: str) -> None:
         pid = self._pid + 1 + index
         self.ranks[pid] = dataclasses.replace(self.ranks[pid], state=state)
+
+    def say(self, line: str) -> None:
+        """The server prints a line (its main process's output, read by the pump)."""
+        self.lines.append(line)
+        self.sink(line)
 
     def exit_by_itself(self, code: int | None, signal_number: int | None = None) -> None:
         self.main_alive = False
@@ -172,6 +179,7 @@ class FakeLauncher:
         tail_lines: int,
     ) -> FakeServer:
         server = FakeServer(self.next_pid, run_id, self.ranks, self.output)
+        server.sink = lambda line: sink(redact(line))
         for line in self.output:
             sink(redact(line))
         self.next_pid += 100
