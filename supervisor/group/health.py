@@ -105,8 +105,9 @@ class NodeProbes:
         return _answer("ready", *self.ready(), self.supervisor_id)
 
     def serve_on(self, listener: HttpListener) -> None:
-        listener.route("/healthz", self.healthz)
-        listener.route("/readyz", self.readyz)
+        """The probes, answered by the listener's probe threads ahead of everything else."""
+        listener.route("/healthz", self.healthz, probe=True)
+        listener.route("/readyz", self.readyz, probe=True)
 
 
 def _answer(key: str, ok: bool, reason: str, supervisor_id: str) -> Response:

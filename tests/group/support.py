@@ -66,7 +66,7 @@ def post_json(url: str, payload: object, token: str) -> group_http.Answer:
 
 @contextmanager
 def listening(port: int = 0) -> Iterator[HttpListener]:
-    """A loopback listener for the block (closing one takes half a second: share it)."""
+    """A loopback listener for the block."""
     listener = HttpListener("127.0.0.1", port)
     listener.start()
     try:

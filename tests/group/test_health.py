@@ -4,7 +4,10 @@ treated; ready once the server is, and in a group once the group decided to laun
 
 from __future__ import annotations
 
+import contextlib
 import io
+import socket
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,8 +16,9 @@ import requests
 import structlog
 
 from supervisor import log as sup_log
-from supervisor.adapters.http_server import HttpListener
+from supervisor.adapters.http_server import WORKERS, HttpListener, Request, Response
 from supervisor.group.health import NodeProbes
+from tests.waiting import wait_until
 
 
 def feed(probes: NodeProbes, *events: Mapping[str, Any]) -> NodeProbes:
@@ -162,3 +166,33 @@ def test_the_probes_follow_the_log_through_the_event_tap(served):
         "supervisor_id": me,
     }
     assert requests.get(f"{served}/readyz", timeout=10).status_code == 503
+
+
+def test_the_probes_are_answered_while_every_other_worker_is_stuck():
+    """They are routed as probes: served by threads of their own, ahead of a stuck /metrics."""
+    probes = NodeProbes(group=False)
+    listener = HttpListener("127.0.0.1", 0)
+    release = threading.Event()
+    entered: list[str] = []
+
+    def stuck(request: Request) -> Response:
+        entered.append(request.path)
+        release.wait(30)
+        return Response(200)
+
+    listener.route("/metrics", stuck)
+    probes.serve_on(listener)
+    listener.start()
+    try:
+        with contextlib.ExitStack() as stack:
+            for _ in range(WORKERS):  # every ordinary worker in a scrape that does not end
+                sock = stack.enter_context(socket.create_connection(("127.0.0.1", listener.port)))
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            wait_until(lambda: len(entered) == WORKERS, timeout_s=10, what="every worker stuck")
+            for path in ("/healthz", "/readyz"):
+                answer = requests.get(f"http://127.0.0.1:{listener.port}{path}", timeout=10)
+                assert answer.status_code in (200, 503)  # answered, whatever the state says
+            release.set()
+    finally:
+        release.set()
+        listener.close()
