@@ -182,7 +182,10 @@ class Intake:
             self._refuse(conn.sock, 431)
             return
         end, body = found
-        self._deliver(conn.sock, bytes(conn.buf[:end]), bytes(conn.buf[body:]))
+        try:
+            self._deliver(conn.sock, bytes(conn.buf[:end]), bytes(conn.buf[body:]))
+        except Exception:  # noqa: BLE001 - a bug must not end the listener, only this request
+            conn.sock.close()
 
     def _release(self, conn: _Open) -> None:
         """The connection leaves the intake (delivered, refused or dropped)."""

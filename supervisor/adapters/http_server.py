@@ -141,7 +141,9 @@ class HttpListener:
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
+        # Read by the intake thread while route() may add to them: lookups only, no iteration.
         self._routes: dict[tuple[str, str], Handler] = {}
+        self._paths: set[str] = set()
         self._probes: set[str] = set()
         self._sock: socket.socket | None = None
         self._intake: Intake | None = None
@@ -161,6 +163,7 @@ class HttpListener:
         `probe`: a liveness or readiness probe, served by threads of its own (keep it quick)."""
         for method in methods:
             self._routes[(method, path)] = handler
+        self._paths.add(path)
         if probe:
             self._probes.add(path)
 
@@ -192,7 +195,8 @@ class HttpListener:
         return self.host, self.port
 
     def close(self) -> None:
-        """Stop serving and release the port; requests already read are answered first."""
+        """Stop serving and release the port. A request in a handler finishes; those still
+        queued are closed unanswered."""
         if self._sock is None or self._intake is None:
             return
         self._intake.stop()
@@ -215,8 +219,7 @@ class HttpListener:
         path = urllib.parse.urlsplit(head.target).path
         method = "GET" if head.method == "HEAD" else head.method
         handler = self._routes.get((method, path))
-        known = handler is not None or any(p == path for _, p in self._routes)
-        job = _Job(sock, head, body_start, handler, known)
+        job = _Job(sock, head, body_start, handler, path in self._paths)
         if not self._pools[path in self._probes and handler is not None].offer(job):
             answer_now(sock, 503, "busy, try again")
 
