@@ -27,9 +27,9 @@ from supervisor.run.state import RunState, StateStore
 
 log = structlog.get_logger("supervisor.restart_smaller")
 
-# Before a SIGKILL the watchdog waits at most this long for the state file's lock (the run loop
-# may be writing it); past it, the kill goes first and the size is written right after.
-URGENT_LOCK_WAIT_S = 0.05
+# Before a SIGKILL the watchdog does not wait for the state file's lock: when the run loop is
+# writing the file just then, the kill goes first and the size is written right after it.
+URGENT_LOCK_WAIT_S = 0.0
 
 
 def shrink_for(plan: LaunchPlan, fit: FitReport | None, cfg: WatchdogConfig) -> ShrinkDecision:
