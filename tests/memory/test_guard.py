@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from supervisor.run.death import DeathReport
 from supervisor.run.gpu_wait import ReleaseResult
 from supervisor.run.override import launch_override
 from supervisor.run.plugins import LaunchInfo
-from supervisor.run.state import StateStore
+from supervisor.run.state import RunState, StateStore
 from tests.fakes import FakeServer
 
 GB = 10**9
@@ -273,3 +274,30 @@ def test_a_server_without_the_hierarchical_cache_gets_nothing_kept(tmp_path: Pat
     dog.keep_shrink(True)
     dog.keep_shrink(False)
     assert not store.path.exists()
+
+
+def test_before_a_sigkill_the_shrink_does_not_wait_for_a_run_loop_writing_the_state(
+    tmp_path: Path,
+):
+    """The kill goes first; the size follows in the durable write right after it."""
+    guard, store = _protection(tmp_path)
+    dog = _launch(guard)
+    assert dog.keep_shrink is not None
+    held, release = threading.Event(), threading.Event()
+
+    def slow(state: RunState) -> RunState:
+        held.set()
+        release.wait(10)
+        return state
+
+    writer = threading.Thread(target=store.update, args=(slow,))
+    writer.start()
+    try:
+        assert held.wait(10)
+        dog.keep_shrink(True)  # returns at once: the lock is taken
+        assert not store.path.exists()
+    finally:
+        release.set()
+        writer.join()
+    dog.keep_shrink(False)
+    assert store.load().hicache_size_override_gb == 30
