@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 
+from supervisor.core.bounded import shown
+
 KB = 1000
 MB = 1000**2
 GB = 1000**3
@@ -48,6 +50,14 @@ _TOKEN_SUFFIXES: dict[str, int] = {
 }
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
+# The bounds every size and duration is held to, wherever it comes from (a config key, an option,
+# a variable): past them a value is a typo or an attack, and the arithmetic or the OS calls that
+# take it (timeouts in C `timeval`s, sd_notify's microseconds) would overflow or spin.
+MAX_SIZE_BYTES = 1000**5  # 1 PB: no host, GPU or checkpoint of today comes near it
+MAX_DURATION_S = 30 * 86400.0  # 30 days (720h): the longest wait or window that makes sense
+MIN_DURATION_S = 0.001  # 1 ms: below it a period is a busy loop (0 stays 0: "off" or "at once")
+MAX_TOKENS = 10**12  # far beyond any context length or KV pool
+
 
 def parse_size(text: str | int | float) -> int:
     """Parse "445GB", "96GiB", "512MiB" or "1024B" into bytes.
@@ -56,29 +66,29 @@ def parse_size(text: str | int | float) -> int:
         ValueError: the text is not a non-negative number with a known unit. A bare number is
             refused (a TOML `mem_available = 445` meant GB, not 445 bytes), but for zero, which
             is zero in every unit; bare "G"/"M" are refused too: an operator who means GiB and
-            gets GB is off by 7 %.
+            gets GB is off by 7 %. Above 1 PB (`1e30GB`) is out of range.
     """
     if isinstance(text, bool):
         raise ValueError(f"not a size: {text!r}")
     if isinstance(text, (int, float)):
-        if text < 0 or not math.isfinite(text):
-            raise ValueError(f"size must be a non-negative number with a unit, got {text!r}")
+        if not 0 <= text <= MAX_SIZE_BYTES:  # nan, inf and 400-digit integers too
+            raise ValueError(f"size must be 0 to 1 PB, with a unit, got {shown(text)}")
         return _unitless(f"{text:g}" if isinstance(text, float) else str(text))
     match = _NUMBER_UNIT.match(text)
     if not match:
-        raise ValueError(f"not a size: {text!r} (examples: 445GB, 96GiB, 512MiB)")
+        raise ValueError(f"not a size: {shown(text)} (examples: 445GB, 96GiB, 512MiB)")
     number, unit = match.groups()
     if not unit:
         return _unitless(number)
     factor = _SIZE_UNITS.get(unit.lower())
     if factor is None:
         raise ValueError(
-            f"unknown size unit {unit!r} in {text!r}: use B, KB, MB, GB, TB (powers of 1000) "
-            "or KiB, MiB, GiB, TiB (powers of 1024)"
+            f"unknown size unit {shown(unit)} in {shown(text)}: use B, KB, MB, GB, TB (powers of "
+            "1000) or KiB, MiB, GiB, TiB (powers of 1024)"
         )
     value = float(number) * factor
-    if not math.isfinite(value):
-        raise ValueError(f"size out of range: {text!r}")
+    if not math.isfinite(value) or value > MAX_SIZE_BYTES:
+        raise ValueError(f"size out of range: {shown(text)} is above 1 PB")
     return int(value)
 
 
@@ -93,22 +103,36 @@ def parse_duration(text: str | int | float) -> float:
     """Parse "10s", "500ms", "10min", "2h" or a plain number of seconds into seconds.
 
     Raises:
-        ValueError: not a non-negative number with a known unit.
+        ValueError: not a non-negative number with a known unit, longer than 30 days (`inf`,
+            `1e400s`) or shorter than 1 ms but not 0.
     """
     if isinstance(text, bool):
         raise ValueError(f"not a duration: {text!r}")
     if isinstance(text, (int, float)):
-        if text < 0 or not math.isfinite(text):
-            raise ValueError(f"duration must be a non-negative number of seconds, got {text!r}")
-        return float(text)
+        if not text >= 0:  # nan too
+            got = shown(text)
+            raise ValueError(f"duration must be a non-negative number of seconds, got {got}")
+        return _bounded_duration(text, shown(text))
     match = _NUMBER_UNIT.match(text)
     if not match:
-        raise ValueError(f"not a duration: {text!r} (examples: 10s, 500ms, 10min, 2h)")
+        raise ValueError(f"not a duration: {shown(text)} (examples: 10s, 500ms, 10min, 2h)")
     number, unit = match.groups()
     factor = _DURATION_UNITS.get(unit.lower() or "s")
     if factor is None:
-        raise ValueError(f"unknown duration unit {unit!r} in {text!r}: use ms, s, min or h")
-    return float(number) * factor
+        raise ValueError(
+            f"unknown duration unit {shown(unit)} in {shown(text)}: use ms, s, min or h"
+        )
+    return _bounded_duration(float(number) * factor, shown(text))
+
+
+def _bounded_duration(seconds: float, shown: str) -> float:
+    """`seconds` when it is 0 or within [1 ms, 30 days]; compared before any conversion, so a
+    TOML integer of 400 digits is refused, not an OverflowError."""
+    if not seconds <= MAX_DURATION_S:  # inf, and nan
+        raise ValueError(f"duration {shown} is longer than 30 days (720h), the longest taken")
+    if 0 < seconds < MIN_DURATION_S:
+        raise ValueError(f"duration {shown} is shorter than 1 ms, the shortest taken (or 0)")
+    return float(seconds)
 
 
 def parse_token_count(text: str) -> int:
@@ -119,12 +143,15 @@ def parse_token_count(text: str) -> int:
     """
     match = re.match(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$", text)
     if not match:
-        raise ValueError(f"not a token count: {text!r}")
+        raise ValueError(f"not a token count: {shown(text)}")
     number, suffix = match.groups()
     factor = _TOKEN_SUFFIXES.get(suffix.lower())
     if factor is None:
-        raise ValueError(f"unknown token-count suffix {suffix!r} in {text!r}")
-    return int(float(number) * factor)
+        raise ValueError(f"unknown token-count suffix {shown(suffix)} in {shown(text)}")
+    count = float(number) * factor
+    if not count <= MAX_TOKENS:  # inf too: 400 digits are a float overflow, not a count
+        raise ValueError(f"token count {shown(text)} is above {MAX_TOKENS:,}")
+    return int(count)
 
 
 def format_gb(n_bytes: float) -> str:
