@@ -137,7 +137,7 @@ def _apply_options(config: SupervisorConfig, opts: Mapping[str, object]) -> Supe
 )
 @click.option(
     "--avg-request-tokens",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=10**8),
     help="Tokens per request for the 'what it buys' line (default 4096).",
 )
 @click.option("--model-config", type=click.Path(path_type=Path), help="config.json to use.")

@@ -145,11 +145,15 @@ def merge_run_config(run: RunConfig, options: Mapping[str, Any]) -> RunConfig:
         raise ConfigError(f"{exc} ({value_source(str(exc), given)})") from None
     unit_timeout = os.environ.get(UNIT_STOP_TIMEOUT_ENV)
     if unit_timeout:
+        # A value that does not parse must not switch the guard off unseen: the unit sets it.
         try:
             limit_s = parse_duration(unit_timeout)
-        except ValueError:
-            limit_s = None
-        if limit_s is not None and merged.stop_grace_s + STOP_MARGIN_S > limit_s:
+        except ValueError as exc:
+            raise ConfigError(
+                f"environment variable {UNIT_STOP_TIMEOUT_ENV}: {exc} (the unit sets it beside "
+                "TimeoutStopSec, e.g. 90s)"
+            ) from None
+        if merged.stop_grace_s + STOP_MARGIN_S > limit_s:
             raise ConfigError(
                 f"config key run.stop_grace ({merged.stop_grace_s:g} s) must leave "
                 f"{STOP_MARGIN_S:g} s below the unit's TimeoutStopSec ({limit_s:g} s, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
+from supervisor.config.limits import check_limits
 from supervisor.core.units import GiB
 from supervisor.errors import ConfigError
 
@@ -56,6 +57,7 @@ class GpuConfig:
                 raise ConfigError(f"config key gpu.{name[:-2]} must be positive")
         if self.reset_command:
             _check_reset_command(self.reset_command)
+        check_limits(self, "gpu")
 
 
 def _check_reset_command(command: str) -> None:

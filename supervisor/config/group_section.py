@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from supervisor.config.limits import check_limits
 from supervisor.errors import ConfigError
 
 _DERIVED_PORTS = 6
@@ -42,6 +43,7 @@ class GroupConfig:
             problem = token_problem(self.token)
             if problem is not None:  # the value stays out of the message: it is a secret
                 raise ConfigError(f"config key group.token {problem}")
+        check_limits(self, "group")
 
     def _check_mode(self) -> None:
         from supervisor.core.group import GROUP_MODES

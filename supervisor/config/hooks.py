@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from supervisor.config.limits import check_limits
 from supervisor.errors import ConfigError
 
 # The loader accepts a string for these fields and shell-splits it.
@@ -26,6 +27,7 @@ class HooksConfig:
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ConfigError(f"config key hooks.timeout must be positive (got {self.timeout_s})")
+        check_limits(self, "hooks")
         commands = {name: words for name, words in self.commands().items() if words}
         if not commands:
             return

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from supervisor.atomic_file import NotRegularFile, open_regular
+from supervisor.config.limits import field_key
 from supervisor.config.sections import NumaNodeSpec, SupervisorConfig
 from supervisor.core.units import parse_duration, parse_size
 from supervisor.errors import ConfigError
@@ -26,10 +27,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 def toml_key(name: str) -> str:
     """The TOML key of a section field: its name without the unit suffix."""
-    for suffix in ("_bytes", "_s"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    return field_key(name)
 
 
 T = TypeVar("T")

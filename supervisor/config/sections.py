@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 from supervisor.config.gpu_section import GpuConfig
 from supervisor.config.group_section import GroupConfig
 from supervisor.config.hooks import HooksConfig
+from supervisor.config.limits import check_limits
 from supervisor.config.metrics_sections import HttpConfig, MetricsConfig
+from supervisor.core.bounded import shown
 from supervisor.core.units import GB, GiB
 from supervisor.errors import ConfigError
 
@@ -44,7 +46,12 @@ def instance_name_problem(name: str) -> str | None:
 
 
 def _numa_gpus_problem(numa: tuple[NumaNodeSpec, ...], gpus: int | None) -> str | None:
-    """GPUs a NUMA description cannot mean: on two nodes, negative, or beyond `gpus`."""
+    """What a NUMA description cannot mean: a node given twice (its free memory would count
+    twice), GPUs on two nodes, negative, or beyond `gpus`."""
+    nodes = [spec.node for spec in numa]
+    twice_nodes = sorted({n for n in nodes if nodes.count(n) > 1})
+    if twice_nodes:
+        return f"NUMA node(s) {_ids(twice_nodes)} given more than once: give each node once"
     seen: set[int] = set()
     for spec in numa:
         twice = sorted(seen.intersection(spec.gpus))
@@ -56,6 +63,24 @@ def _numa_gpus_problem(numa: tuple[NumaNodeSpec, ...], gpus: int | None) -> str 
             limit = f"the {gpus} GPUs of host.gpus (--gpus)" if gpus is not None else "GPU 0"
             where = "beyond" if gpus is not None else "below"
             return f"node {spec.node} lists GPU(s) {_ids(beyond)} {where} {limit}"
+    return None
+
+
+def launch_problem(
+    args: tuple[str, ...], command: tuple[str, ...], env: Mapping[str, str]
+) -> str | None:
+    """What execve would refuse in the server's argv and environment (at launch, after the
+    checks passed), as "<key> ...", or None: a NUL anywhere (C strings end there), an
+    environment name that is empty or holds '=' (the first '=' ends the name)."""
+    for key, words in (("args", args), ("command", command)):
+        for word in words:
+            if "\0" in word:
+                return f"{key}: {shown(word)} holds a NUL character"
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            return f"env: {shown(name)} is not an environment variable name (empty, '=' or NUL)"
+        if "\0" in value:
+            return f"env.{name}: the value holds a NUL character"
     return None
 
 
@@ -71,6 +96,9 @@ class NumaNodeSpec:
     mem_available_bytes: int
     gpus: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        check_limits(self, "host.numa")
+
 
 @dataclasses.dataclass(**_FROZEN)
 class ServerConfig:
@@ -85,6 +113,11 @@ class ServerConfig:
     # groups of /dev/nvidia*; the supervisor stays root. Checked at start (adapters/credentials).
     user: str | None = None
     group: str | None = None
+
+    def __post_init__(self) -> None:
+        problem = launch_problem(self.args, self.command, self.env)
+        if problem is not None:
+            raise ConfigError(f"config key server.{problem}")
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -111,6 +144,7 @@ class HostConfig:
         problem = _numa_gpus_problem(self.numa, self.gpus)
         if problem is not None:
             raise ConfigError(f"config key host.numa (--numa): {problem}")
+        check_limits(self, "host")
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -146,10 +180,7 @@ class PreflightConfig:
                 "config key preflight.avg_request_tokens must be at least 1 "
                 f"(got {self.avg_request_tokens})"
             )
-        if self.load_threads < 0:
-            raise ConfigError(
-                f"config key preflight.load_threads must not be negative (got {self.load_threads})"
-            )
+        check_limits(self, "preflight")
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -245,6 +276,7 @@ class RunConfig:
             raise bad("log_format", "must be auto, json, console or journal", self.log_format)
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise bad("log_level", "must be debug, info, warning or error", self.log_level)
+        check_limits(self, "run")
 
 
 @dataclasses.dataclass(**_FROZEN)
@@ -308,6 +340,7 @@ class WatchdogConfig:
             raise ConfigError("config key watchdog.ramp_gb_per_second must be positive")
         if self.terminate_grace_s < 0 or self.incident_log_lines < 0:
             raise ConfigError("watchdog.terminate_grace and incident_log_lines must be >= 0")
+        check_limits(self, "watchdog")
 
 
 @dataclasses.dataclass(**_FROZEN)
