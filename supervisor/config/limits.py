@@ -91,7 +91,9 @@ def check_limits(section: Any, name: str) -> None:
 def _check(key: str, field_name: str, value: float) -> None:
     limit = LIMITS.get(key, Limit())
     if isinstance(value, float) and not math.isfinite(value):
-        _refuse(key, limit, "must be a finite number", value, field_name)
+        _refuse(
+            key, dataclasses.replace(limit, why=""), "must be a finite number", value, field_name
+        )
     high = limit.high
     if high is None:
         high = _default_high(field_name)

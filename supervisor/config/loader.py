@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from supervisor.atomic_file import NotRegularFile, open_regular
 from supervisor.config.limits import field_key
 from supervisor.config.sections import NumaNodeSpec, SupervisorConfig
+from supervisor.core.bounded import MAX_NESTING, nesting_problem, shown
 from supervisor.core.units import parse_duration, parse_size
 from supervisor.errors import ConfigError
 
@@ -31,6 +32,7 @@ def toml_key(name: str) -> str:
 
 
 T = TypeVar("T")
+MAX_CONFIG_BYTES = 1 << 20  # a config file; anything larger is a mistake (or an attack)
 
 
 def _convert(key: str, field_name: str, annotation: Any, raw: Any) -> Any:
@@ -84,7 +86,9 @@ def _convert(key: str, field_name: str, annotation: Any, raw: Any) -> Any:
         expected = "a table of strings"
     else:  # pragma: no cover - a field type this loader was not taught
         raise TypeError(f"unsupported config field type {annotation!r} for {key}")
-    raise ConfigError(f"config key {key}: expected {expected}, got {type(raw).__name__} {raw!r}")
+    raise ConfigError(
+        f"config key {key}: expected {expected}, got {type(raw).__name__} {shown(raw)}"
+    )
 
 
 def _split_command(key: str, text: str) -> list[str]:
@@ -132,19 +136,23 @@ def _read_regular(path: Path) -> bytes:
     """
     try:
         with open_regular(path) as fh:
-            return fh.read()
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except NotRegularFile as exc:
         raise ConfigError(f"config file {path} is {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than 1 MiB; not a config")
+    return data
 
 
 def read_toml(path: Path) -> dict[str, Any]:
     """Read a TOML file.
 
     Raises:
-        ConfigError: not a regular file, unreadable, not UTF-8 (TOML's only encoding), or a
-            syntax error (tomllib's message carries the line).
+        ConfigError: not a regular file, unreadable, larger than 1 MiB, not UTF-8 (TOML's only
+            encoding), a syntax error (tomllib's message carries the line), or nested more
+            than MAX_NESTING levels deep.
     """
     raw = _read_regular(path)
     try:
@@ -159,6 +167,16 @@ def read_toml(path: Path) -> dict[str, Any]:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except ValueError as exc:  # an integer past Python's 4,300 digits, raised as it is
+        reason = str(exc).split(";")[0]  # not Python's advice on set_int_max_str_digits
+        raise ConfigError(f"config file {path} is not valid TOML: {reason}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(
+            f"config file {path} is not a config: nested more than {MAX_NESTING} levels deep"
+        ) from None
+    problem = nesting_problem(data)
+    if problem is not None:
+        raise ConfigError(f"config file {path} is not a config: {problem}")
     return data
 
 

@@ -239,7 +239,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str, value: object) -> ConfigError:
-            return ConfigError(f"config key run.{key} {why} (got {value!r})")
+            return ConfigError(f"config key run.{key} {why} (got {shown(value)})")
 
         name_problem = instance_name_problem(self.name)
         if name_problem is not None:
