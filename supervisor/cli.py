@@ -24,6 +24,7 @@ _hold_signals_for_run()  # before the imports below: they are most of the start-
 import click  # noqa: E402
 
 from supervisor import __version__  # noqa: E402
+from supervisor.core.bounded import clip_message  # noqa: E402
 from supervisor.errors import ExitCode, SupervisorError  # noqa: E402
 
 # Each command lives in its own module and is imported only when it runs (or for --help):
@@ -80,15 +81,19 @@ def _main(argv: list[str] | None) -> None:
         click.echo("aborted", err=True)
         sys.exit(ExitCode.BAD_INPUT)
     except click.ClickException as exc:
+        _json_error(clip_message(exc.format_message()), exc.exit_code, argv)
         if not _report_usage(exc, argv):
             exc.show()
         sys.exit(exc.exit_code)
     except SupervisorError as exc:
-        _report(exc)
+        message = clip_message(str(exc))
+        _json_error(message, exc.exit_code, argv)
+        _report(exc, message)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except Exception:  # a bug: exit 70 (restarted), not Python's 1 (= no fit)
+        _json_error("internal error (a bug: the traceback is on stderr)", ExitCode.INTERNAL, argv)
         log = _structured_log()
         if log is not None:  # the traceback as the event's `exception`
             log.exception("fatal", exit_code=int(ExitCode.INTERNAL), reason="internal error")
@@ -112,17 +117,37 @@ def _structured_log() -> Any:
     return structlog.get_logger("supervisor")
 
 
-def _report(exc: SupervisorError) -> None:
+def _report(exc: SupervisorError, message: str) -> None:
     """The operator's one line on stderr; where the log is structured, a `fatal` event instead
-    (once), so that a program reading the log finds the reason as its last event."""
+    (once), so that a program reading the log finds the reason as its last event. `message` is
+    the error's, each line clipped (a value it quotes may be megabytes long)."""
     log = _structured_log()
     if log is None:
-        click.echo(f"sglang-supervisor: {exc}", err=True)
+        click.echo(f"sglang-supervisor: {message}", err=True)
         return
     if not exc.logged:
-        reason, *rest = str(exc).splitlines() or [""]
+        reason, *rest = message.splitlines() or [""]
         extra = {"detail": "\n".join(rest)} if rest and not exc.detail_logged else {}
         log.error("fatal", exit_code=int(exc.exit_code), reason=reason, **extra)
+
+
+# The commands whose --json prints their answer as one JSON object on stdout: their errors too.
+_JSON_COMMANDS = frozenset({"preflight", "check-config", "status"})
+
+
+def _json_error(message: str, exit_code: int, argv: list[str] | None) -> None:
+    """With --json, the error as a JSON object on stdout, where the program that asked for JSON
+    reads; the human line still goes to stderr."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    own = args[: args.index("--")] if "--" in args else args
+    if args[:1] and args[0] in _JSON_COMMANDS and "--json" in own:
+        import json
+
+        reason, *rest = message.splitlines() or [""]
+        error = {"ok": False, "exit_code": int(exit_code), "error": reason}
+        if rest:
+            error["detail"] = "\n".join(rest)
+        click.echo(json.dumps(error))
 
 
 def _report_usage(exc: click.ClickException, argv: list[str] | None) -> bool:
