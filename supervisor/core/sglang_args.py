@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.core.bounded import shown
 from supervisor.core.sglang_cli import (
     ArgvError,
     CliRules,
@@ -190,7 +191,7 @@ def parse_launch_args(
             values[option.dest] = option.convert(raw)
         except ValueError as exc:
             hint = f" ({option.reason})" if option.reason else ""
-            raise ArgvError(f"{option.names[0]} {raw!r}: {exc}{hint}") from None
+            raise ArgvError(f"{option.names[0]} {shown(raw)}: {exc}{hint}") from None
     plan = LaunchPlan(
         argv=tuple(argv),
         given=frozenset(values),
@@ -214,7 +215,18 @@ def _spelling_hint(argv: Sequence[str], table: CliTable) -> str:
     return f" (SGLang spells {', '.join(fixes)})" if fixes else ""
 
 
+# Scheduler processes of one deployment, at most: no SGLang server spans more GPUs, and the
+# plan lists every local rank's GPU (a --tp of 10^11 was a list of 10^11 entries: a hang).
+MAX_WORLD_RANKS = 65536
+
+
 def _check_consistency(plan: LaunchPlan) -> None:
+    if plan.world_ranks > MAX_WORLD_RANKS:
+        raise ArgvError(
+            f"--tp-size {plan.tp_size} × --pp-size {plan.pp_size} × {plan.data_parallel_replicas} "
+            f"data-parallel replicas is {plan.world_ranks:,} ranks, more than the "
+            f"{MAX_WORLD_RANKS:,} of any deployment"
+        )
     if plan.node_rank >= plan.nnodes:
         raise ArgvError(
             f"contradicting flags: --node-rank {plan.node_rank} needs --nnodes above it "

@@ -47,6 +47,13 @@ def _str(value: object) -> str:
     return str(value)
 
 
+def _path(value: object) -> str:
+    text = str(value)
+    if not text.strip():
+        raise ValueError("must name a model (a directory or a Hugging Face id), not be empty")
+    return text
+
+
 def _port(value: object) -> int:
     number = int(str(value))
     if not 0 < number < 65536:
@@ -76,7 +83,7 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("model_path", ("--model-path", "--model"), _str),
+    Option("model_path", ("--model-path", "--model"), _path),
     Option("tp_size", ("--tp-size", "--tensor-parallel-size"), _pos_int, "a positive integer"),
     Option("dp_size", ("--dp-size", "--data-parallel-size"), _pos_int, "a positive integer"),
     Option("pp_size", ("--pp-size", "--pipeline-parallel-size"), _pos_int, "a positive integer"),
