@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from supervisor.core.bounded import shown
 from supervisor.core.sglang_args import LaunchPlan
 
 
@@ -47,6 +48,36 @@ _MTP_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "MTP"})
 _DSA_FP8_ROW_BYTES = 512 + 512 // 128 * 4 + 64 * 2
 
 
+# The integer keys the arithmetic reads: (keys, least value, most value). Most is far beyond any
+# released model (126 layers, 16,384 hidden, 128 heads); past it a value is a damaged file, and
+# 0 heads or 0 KV heads plan a model that SGLang cannot build.
+_SHAPE_KEYS: tuple[tuple[tuple[str, ...], int, int], ...] = (
+    (("num_hidden_layers", "num_layers", "n_layer"), 1, 10_000),
+    (("num_attention_heads", "n_head"), 1, 65_536),
+    (("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), 1, 65_536),
+    (("hidden_size", "n_embd", "head_dim", "v_head_dim"), 1, 1 << 20),
+    (("kv_lora_rank", "qk_rope_head_dim", "index_head_dim"), 1, 1 << 20),
+    (("q_lora_rank",), 0, 1 << 20),
+    (("n_routed_experts", "first_k_dense_replace", "num_nextn_predict_layers"), 0, 65_536),
+)
+
+
+def shape_problem(config: Mapping[str, Any]) -> str | None:
+    """The first integer key of the model's shape that is not an integer in its range (the
+    key named), or None. Checked for every key present, used by this plan or not: a value the
+    arithmetic skips today (0 KV heads read as "absent") must not plan a model that fits."""
+    for keys, least, most in _SHAPE_KEYS:
+        for key in keys:
+            value = config.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"config key {key} must be an integer, got {shown(value)}"
+            if not least <= value <= most:
+                return f"config key {key} must be {least} to {most:,} (got {shown(value)})"
+    return None
+
+
 def _get_int(config: Mapping[str, Any], *keys: str) -> int | None:
     for key in keys:
         value = config.get(key)
@@ -70,15 +101,38 @@ def _model_dtype(config: Mapping[str, Any]) -> str:
     return str(raw).removeprefix("torch.").lower()
 
 
-def checkpoint_declares_fp8_kv(config: Mapping[str, Any]) -> bool:
-    """True when the checkpoint says its KV cache is FP8 (`kv_cache_quant_algo` = "FP8")."""
+def _kv_cache_quant_algo(config: Mapping[str, Any]) -> object:
+    """The checkpoint's `kv_cache_quant_algo` (in quantization_config or its ModelOpt
+    `quantization` section), None when it has none."""
     quant = config.get("quantization_config")
     if not isinstance(quant, Mapping):
-        return False
+        return None
     algo = quant.get("kv_cache_quant_algo")
     if algo is None and isinstance(quant.get("quantization"), Mapping):
         algo = quant["quantization"].get("kv_cache_quant_algo")
-    return isinstance(algo, str) and algo.upper().startswith("FP8")
+    return algo
+
+
+def checkpoint_declares_fp8_kv(config: Mapping[str, Any]) -> bool:
+    """True when the checkpoint says its KV cache is FP8: `kv_cache_quant_algo` is "FP8" in any
+    case, exactly as SGLang compares it (mem_cache/kv_cache_dtype.py `configure_kv_cache_dtype`,
+    the same in 0.5.18 to 0.5.23); "FP8_E5M2" or "NVFP4" are not, and leave the model dtype."""
+    algo = _kv_cache_quant_algo(config)
+    return isinstance(algo, str) and algo.upper() == "FP8"
+
+
+def kv_quant_note(config: Mapping[str, Any], plan: LaunchPlan) -> str | None:
+    """A warning when the checkpoint names a KV quantization SGLang ignores under
+    `--kv-cache-dtype auto`: it then keeps the model dtype (twice or four times the bytes the
+    name suggests), and says nothing. None when there is nothing to say."""
+    algo = _kv_cache_quant_algo(config)
+    if plan.kv_cache_dtype != "auto" or algo is None or checkpoint_declares_fp8_kv(config):
+        return None
+    return (
+        f"quantization_config.kv_cache_quant_algo = {shown(algo)} is not FP8, the only value "
+        f"SGLang acts on: with --kv-cache-dtype auto the KV cache stays {_model_dtype(config)} "
+        "(planned so); give --kv-cache-dtype to choose another"
+    )
 
 
 def kv_cache_dtype(config: Mapping[str, Any], plan: LaunchPlan) -> str:

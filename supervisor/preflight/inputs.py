@@ -23,6 +23,7 @@ from supervisor.core.checks import (
     check_memlock,
     check_shm,
 )
+from supervisor.core.model_geometry import kv_quant_note
 from supervisor.core.numa_binding import Binding, sglang_binding
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.sglang_facts import HUGEPAGE_ENV
@@ -53,12 +54,24 @@ def resolve_relative(path: str | None, config_dir: Path | None) -> str | None:
     return str(candidate) if candidate.exists() else path
 
 
-def model_check(model: ModelInfo) -> Check:
+def model_checks(model: ModelInfo, plan: LaunchPlan) -> list[Check]:
+    """Where the model's facts come from, and what in its files reads otherwise than it seems:
+    a damaged shard header (no tensor list), a KV quantization SGLang ignores."""
     if model.model_dir is None:
-        return Check(
-            "model", Status.WARN, f"model not on this host; geometry from {model.config_file}"
+        detail = f"model not on this host; geometry from {model.config_file}"
+        checks = [Check("model", Status.WARN, detail)]
+    else:
+        checks = [Check("model", Status.OK, f"config read from {model.config_file}")]
+    if model.shard_problem is not None:
+        detail = (
+            f"{model.shard_problem}: the replicated weights are estimated from config.json; "
+            "SGLang cannot load a damaged shard"
         )
-    return Check("model", Status.OK, f"config read from {model.config_file}")
+        checks.append(Check("weights", Status.WARN, detail))
+    note = kv_quant_note(model.config, plan)
+    if note is not None:
+        checks.append(Check("kv_cache_dtype", Status.WARN, note))
+    return checks
 
 
 def given_gpus(config: SupervisorConfig, plan: LaunchPlan) -> GpuFacts:

@@ -31,7 +31,7 @@ from supervisor.preflight.device import Device, DeviceInputs, device_pool
 from supervisor.preflight.inputs import (
     GpuFacts,
     local_checks,
-    model_check,
+    model_checks,
     numa_loads,
     read_gpus,
     resolve_relative,
@@ -60,6 +60,9 @@ def _model(config: SupervisorConfig, plan: LaunchPlan, config_dir: Path | None) 
     override = resolve_relative(config.server.model_config, config_dir)
     info = load_model_config(plan.model_path or "", override)
     try:
+        problem = model_geometry.shape_problem(info.config)
+        if problem is not None:
+            raise model_geometry.GeometryError(problem)
         return _Model(
             info=info,
             bytes_per_token=model_geometry.bytes_per_token_per_rank(info.config, plan),
@@ -198,7 +201,7 @@ def run_preflight(
         cgroup_limited=cgroup is not None,
     )
     notes = [Check("sglang_args", Status.WARN, note) for note in reader.notes(plan)]
-    checks = [*notes, model_check(model.info), *_split_checks(model, plan), *gpus.checks]
+    checks = [*notes, *model_checks(model.info, plan), *_split_checks(model, plan), *gpus.checks]
     checks += _health_checks(config, plan, gpus, gpu_sensor, health)
     checks += [*device_checks, *host_checks, *numa_checks, *_ledger_checks(reserved), *host.checks]
     if not planning:
