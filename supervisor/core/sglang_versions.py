@@ -52,6 +52,22 @@ def parse_version(text: str) -> Version:
     return tuple(int(x) if x is not None else 0 for x in match.groups())
 
 
+def unsupported_problem(version: str) -> str | None:
+    """Why the supervisor has no rules for `version`, or None: a release older than the oldest
+    table (its formulas and flags were never read); a newer one gets the newest rules.
+
+    Raises:
+        VersionError: the text is not a version number.
+    """
+    oldest = sglang_cli_data.VERSIONS[0]
+    if parse_version(version) >= parse_version(oldest):
+        return None
+    return (
+        f"{version} is older than every SGLang release whose rules the supervisor knows "
+        f"({oldest} to {sglang_cli_data.NEWEST}; a newer one gets {sglang_cli_data.NEWEST}'s)"
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SglangRules:
     """The behaviours of one release, and the flag table its argv is read with."""

@@ -10,7 +10,12 @@ from supervisor.adapters.sglang_version import installed_sglang_version, interpr
 from supervisor.config import SupervisorConfig
 from supervisor.core.sglang_args import ArgvError, LaunchPlan
 from supervisor.core.sglang_launch import LaunchReader
-from supervisor.core.sglang_versions import SglangRules, VersionError, rules_for_version
+from supervisor.core.sglang_versions import (
+    SglangRules,
+    VersionError,
+    rules_for_version,
+    unsupported_problem,
+)
 from supervisor.errors import ConfigError
 
 
@@ -20,14 +25,17 @@ def sglang_rules(config: SupervisorConfig, command: Sequence[str] | None = None)
 
     Raises:
         ConfigError: the given version (`--sglang-version`, `[host] sglang_version`) is not a
-            version number.
+            version number, or older than every release the supervisor has rules for.
     """
     given = config.host.sglang_version
     if given is not None:
         try:
-            return rules_for_version(given)
+            problem = unsupported_problem(given)
+            if problem is None:
+                return rules_for_version(given)
         except VersionError as exc:
-            raise ConfigError(f"--sglang-version / [host] sglang_version: {exc}") from None
+            problem = str(exc)
+        raise ConfigError(f"--sglang-version / [host] sglang_version: {problem}")
     server = config.server.command if command is None else command
     installed = installed_sglang_version(interpreter_for(server))
     try:
