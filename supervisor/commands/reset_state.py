@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from supervisor.commands.instance import instance_options, state_dir_for
+from supervisor.errors import ConfigError
 from supervisor.run.state import RunState, StateStore
 
 
@@ -42,11 +43,36 @@ def reset_state(store: StateStore) -> tuple[RunState, RunState]:
     return before, after
 
 
+def check_instance_exists(directory: Path, *, force: bool) -> None:
+    """Refuse an instance that never ran: a misspelt --name would otherwise "reset" (and
+    create) a state directory of its own, exit 0, and the operator would think the real one
+    was cleared.
+
+    Raises:
+        ConfigError: `directory` does not exist and `force` is not given.
+    """
+    if force:
+        return
+    try:
+        directory.stat()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no instance has state in {directory} (it does not exist): check --name, "
+            "--state-dir or the config's [run] name and state_dir; --force creates it"
+        ) from None
+    except OSError:
+        return  # not a directory, a loop: reset_state names the problem
+
+
 @click.command("reset-state")
 @instance_options
-def reset_state_command(config_path: Path | None, state_dir: Path | None, name: str | None) -> None:
+@click.option("--force", is_flag=True, help="Reset (and create) a state directory never used.")
+def reset_state_command(
+    config_path: Path | None, state_dir: Path | None, name: str | None, force: bool
+) -> None:
     """Forget the shrunk --hicache-size and the restart count of an instance."""
     directory = state_dir_for(config_path, state_dir, name)
+    check_instance_exists(directory, force=force)
     before, _after = reset_state(StateStore(directory))
     if before.hicache_size_override_gb is not None:
         click.echo(

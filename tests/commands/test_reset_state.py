@@ -53,6 +53,7 @@ def test_reset_state_finds_the_directory_through_the_config(
 ):
     config = tmp_path / "c.toml"
     config.write_text(f'[run]\nstate_dir = "{tmp_path / "st"}"\n')
+    (tmp_path / "st").mkdir()  # the instance ran once
     assert run_cli(["reset-state", "--config", str(config)]) == 0
     assert "no --hicache-size override was set" in capsys.readouterr().out
     assert (tmp_path / "st" / "state.json").is_file()
@@ -87,6 +88,7 @@ def test_a_plain_name_finds_its_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr("supervisor.run.state.STATE_ROOT", tmp_path)
+    (tmp_path / "qwen-3.5@b_1").mkdir()
     assert run_cli(["reset-state", "--name", "qwen-3.5@b_1"]) == 0
     assert (tmp_path / "qwen-3.5@b_1" / "state.json").is_file()
 
