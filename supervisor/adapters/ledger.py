@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from supervisor.atomic_file import NotRegularFile, open_regular, write_text_atomic
 from supervisor.core import ledger
+from supervisor.core.bounded import parse_json
 from supervisor.core.ledger import Reservation
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ class Ledger:
             self.unavailable(f"cannot read {self.path}: {exc.strerror or exc}")
             return ()
         try:
-            return ledger.parse(json.loads(raw.decode("utf-8")))
+            return ledger.parse(parse_json(raw.decode("utf-8")))
         except (UnicodeDecodeError, ValueError):
             _warn("ledger_damaged", path=str(self.path), detail="starting it afresh")
             return ()

@@ -23,6 +23,7 @@ from typing import Any
 
 from supervisor.adapters.procfs import ProcReader
 from supervisor.atomic_file import open_regular, write_text_atomic
+from supervisor.core.bounded import parse_json
 from supervisor.core.status import Status, fold
 
 STATUS_FILE = "status.json"
@@ -121,14 +122,14 @@ def read_json(path: Path, max_bytes: int = MAX_FILE_BYTES) -> Any:
     Raises:
         FileNotFoundError: there is none.
         OSError: not a regular file, unreadable, or larger than `max_bytes`.
-        ValueError: not UTF-8 JSON (the message says where).
+        ValueError: not UTF-8 JSON (the message says where), or nested too deep.
     """
     # Never a FIFO (`status` must not hang), never through a link (our files are ours).
     with open_regular(path, follow_symlinks=False) as f:
         if os.fstat(f.fileno()).st_size > max_bytes:
             raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", str(path))
         raw = f.read(max_bytes + 1)
-    return json.loads(raw.decode("utf-8"))
+    return parse_json(raw.decode("utf-8"))  # nested past 64 levels: a ValueError too
 
 
 def read_status(path: Path) -> tuple[Status | None, str | None]:

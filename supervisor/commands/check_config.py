@@ -24,6 +24,7 @@ from supervisor.adapters.clock import SystemClock
 from supervisor.atomic_file import NotRegularFile, open_regular
 from supervisor.config import RunSettings
 from supervisor.config.loader import toml_key
+from supervisor.core.bounded import parse_json
 from supervisor.core.checks import FitReport, Status
 from supervisor.core.ledger import Reservation
 from supervisor.core.ports import ReservationBook
@@ -83,7 +84,7 @@ def peek_state(state_dir: Path) -> tuple[RunState, str | None]:
     except OSError as exc:
         return RunState(), f"unreadable ({exc.strerror or exc}): run starts with a fresh state"
     try:
-        return RunState.from_json(json.loads(raw.decode("utf-8"))), None
+        return RunState.from_json(parse_json(raw.decode("utf-8"))), None
     except (ValueError, TypeError, KeyError) as exc:
         return RunState(), f"damaged ({exc}): run sets it aside and starts afresh"
 

@@ -28,6 +28,7 @@ from supervisor.adapters.status_file import (
     recorded_pid,
 )
 from supervisor.commands.instance import instance_options, state_dir_for
+from supervisor.core.bounded import clip_line
 from supervisor.core.status import Status, restarts_in_window
 from supervisor.core.units import format_seconds
 from supervisor.run.state import LOCK_FILE, STATE_FILE
@@ -44,6 +45,7 @@ class Found:
     status: Status | None
     problem: str | None  # why status.json could not be read
     state: dict[str, Any]  # state.json as read; {} when absent or unreadable
+    state_problem: str | None  # why state.json could not be read (damaged, unreadable)
     running: bool
     supervisor_pid: int | None
     incidents: list[dict[str, Any]]
@@ -86,12 +88,22 @@ def _incidents(directory: Path, count: int) -> list[dict[str, Any]]:
     return out
 
 
-def _state_json(directory: Path) -> dict[str, Any]:
+def _state_json(directory: Path) -> tuple[dict[str, Any], str | None]:
+    """state.json as read, and what is wrong with it: a damaged one is said to be, not read as
+    "no restarts" (`run` sets it aside at its next start)."""
+    path = directory / STATE_FILE
     try:
-        data = read_json(directory / STATE_FILE)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        data = read_json(path)
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return {}, f"{path} is unreadable ({exc.strerror or exc}): restart history unknown"
+    except ValueError as exc:
+        why = clip_line(str(exc), 200)
+        return {}, f"{path} is damaged ({why}): restart history unknown; the next run sets it aside"
+    if not isinstance(data, dict):
+        return {}, f"{path} is damaged (not a JSON object): restart history unknown"
+    return data, None
 
 
 def inspect(directory: Path) -> Found | None:
@@ -107,11 +119,13 @@ def inspect(directory: Path) -> Found | None:
             f"the running one (pid {pid}) has not published its status yet"
         )
         status = None
+    state, state_problem = _state_json(directory)
     return Found(
         directory=directory,
         status=status,
         problem=problem,
-        state=_state_json(directory),
+        state=state,
+        state_problem=state_problem,
         running=running,
         supervisor_pid=pid,
         incidents=_incidents(directory, INCIDENTS_SHOWN),
@@ -129,12 +143,15 @@ def report(found: Found, now_s: float) -> dict[str, Any]:
         supervisor_pid=found.supervisor_pid,
         state_dir=str(found.directory),
         problem=found.problem,
+        state_problem=found.state_problem,
         incidents=found.incidents,
     )
     out.setdefault("instance", state.get("instance") or found.directory.name)
     out.setdefault("state", None)
     out["state_for_s"] = round(now_s - status.state_since_s, 1) if status is not None else None
     out["restart_count"] = status.restart_count if status else state.get("restart_count", 0)
+    if status is None and found.state_problem is not None:
+        out["restart_count"] = None  # unknown, not 0: the file that counts them is damaged
     out["restarts_in_window"] = _in_window(status, state, now_s)
     if status is not None and status.load is not None:
         eta = status.load.eta_s(now_s)
@@ -205,6 +222,8 @@ def _rows(out: dict[str, Any], now_s: float) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     if out.get("problem"):
         rows.append(("status file", out["problem"]))
+    if out.get("state_problem"):
+        rows.append(("state file", out["state_problem"]))
     if out.get("state") == "failed":
         rows.append(("ended", f"exit {out.get('exit_code')}: {out.get('end_reason')}"))
     if out.get("backoff_until") and out.get("state") == "backoff" and out["running"]:
@@ -267,6 +286,8 @@ def _hicache_rows(out: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _restarts(out: dict[str, Any]) -> str:
+    if out.get("restart_count", 0) is None:
+        return "unknown (the state file is damaged)"
     text = str(out.get("restart_count", 0))
     window_s, count = out.get("restart_window_s"), out.get("restarts_in_window")
     if window_s and count is not None:

@@ -15,8 +15,9 @@ is real.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
+
+from supervisor.core.bounded import parse_json
 
 # The key of /healthz naming the answering supervisor process (group/health.py): new at every
 # start of a supervisor, so a restarted leader is told from the one this node launched with.
@@ -63,8 +64,8 @@ def _miss(seen: LeaderSeen, answer: str) -> LeaderSeen:
 def _field(body: bytes, key: str) -> str:
     """A string field of a JSON object body ("" for anything else)."""
     try:
-        data = json.loads(body)
-    except ValueError:  # also UnicodeDecodeError
+        data = parse_json(body)
+    except ValueError:  # also UnicodeDecodeError, and nesting past 64 levels
         return ""
     value = data.get(key) if isinstance(data, dict) else None
     return value[:300] if isinstance(value, str) else ""

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+from supervisor.core.bounded import TooDeep, parse_json
+
 REPORT_VERSION = 1
 MAX_TEXT_CHARS = 1000  # one summary line, a hostname, a check's name
 MIN_TOKEN_CHARS = 8  # core.redact.MIN_ENV_SECRET_LEN: a shorter value would escape the masking
@@ -216,7 +218,9 @@ def parse_decision(body: bytes) -> GroupDecision:
 
 def _load_object(body: bytes, what: str) -> dict[str, Any]:
     try:
-        obj = json.loads(body.decode("utf-8"))
+        obj = parse_json(body.decode("utf-8"))
+    except TooDeep as exc:
+        raise ReportError(f"the {what} is not the documented JSON object ({exc})") from None
     except UnicodeDecodeError as exc:
         raise ReportError(f"the {what} is not UTF-8 ({exc.reason})") from None
     except json.JSONDecodeError as exc:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from supervisor.atomic_file import open_regular
+from supervisor.core.bounded import parse_json
 from supervisor.core.measured import Record, add_record
 
 FILE_NAME = "measured-sizing.json"
@@ -23,7 +24,7 @@ def load_records(state_dir: Path) -> tuple[tuple[Record, ...], str | None]:
     try:
         # A FIFO put there must not block the pre-flight; a link there is not followed.
         with open_regular(path, follow_symlinks=False) as fh:
-            data = json.loads(fh.read().decode("utf-8"))
+            data = parse_json(fh.read().decode("utf-8"))
         return tuple(Record.from_json(r) for r in data["records"]), None
     except FileNotFoundError:
         return (), None

@@ -33,6 +33,7 @@ from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.private_dir import UnsafeDirectory, private_dir
 from supervisor.atomic_file import PRIVATE_FILE_MODE, open_regular, write_text_atomic
 from supervisor.config.sections import STATE_ROOT
+from supervisor.core.bounded import parse_json
 from supervisor.core.ports import Clock
 from supervisor.errors import ConfigError
 from supervisor.log import scrub
@@ -234,7 +235,7 @@ class StateStore:
             log.warning("state_unreadable", path=str(self.path), error=str(exc))
             return RunState()
         try:  # non-UTF-8 bytes are as corrupt as bad JSON (UnicodeDecodeError is a ValueError)
-            return RunState.from_json(json.loads(raw.decode("utf-8")))
+            return RunState.from_json(parse_json(raw.decode("utf-8")))
         except (ValueError, TypeError, KeyError) as exc:
             kept = self.path.with_name(f"{STATE_FILE}.corrupt-{int(self.clock.wall())}")
             try:
