@@ -29,7 +29,7 @@ from supervisor.commands.run_options import (
 from supervisor.config import RunSettings, SupervisorConfig, load_config
 from supervisor.core.sglang_args import ArgvError
 from supervisor.errors import ConfigError, ExitCode, ServerArgsRejected, SupervisorError
-from supervisor.group.setup import join_group
+from supervisor.group.setup import group_contradiction, join_group
 from supervisor.log import register_secrets
 from supervisor.preflight.reader import argv_problem, launch_reader
 from supervisor.run.state import StateStore, default_state_dir
@@ -79,9 +79,16 @@ def build_settings(
     reader = launch_reader(config, args, command)
     try:
         reader.plan(args)
+    except ArgvError as exc:  # SGLang would exit 2 on it: refuse before starting anything
+        # A group's variables that contradict the argv are the first cause (named by both).
+        contradiction = group_contradiction(config, os.environ, args, reader)
+        if contradiction is not None:
+            raise ConfigError(contradiction) from None
+        raise ServerArgsRejected(argv_problem(exc, reader)) from None
+    try:
         # Group mode: this node's group from the launcher's variables, its flags filled in.
         group, args = join_group(config, os.environ, args, reader)
-    except ArgvError as exc:  # SGLang would exit 2 on it: refuse before starting anything
+    except ArgvError as exc:
         raise ServerArgsRejected(argv_problem(exc, reader)) from None
     state_dir = Path(run.state_dir) if run.state_dir else default_state_dir(run.name)
     return RunSettings(

@@ -75,6 +75,32 @@ def join_group(
     return spec, filled
 
 
+def group_contradiction(
+    config: SupervisorConfig,
+    env: Mapping[str, str],
+    args: Sequence[str],
+    reader: LaunchReader,
+) -> str | None:
+    """What a launcher's variables contradict in `args`, named by both sources, or None (no
+    group, or none found): asked when `args` do not read well on their own, whose reason
+    (`--tp 2` does not divide over `--nnodes 3`) would hide the first cause (LWS_GROUP_SIZE=2
+    but --nnodes 3)."""
+    section = config.group
+    try:
+        spec = detect_group(
+            env, section.mode, dist_init_port=section.dist_init_port, gate_port=section.gate_port
+        )
+        if spec is None:
+            return None
+        given = given_flags(reader, args)
+        fill_group_argv(args, spec, given=given, gate_supported=reader.rules.gated_launch)
+    except GroupError as exc:
+        return str(exc)
+    except (ArgvError, ValueError):  # the argv itself does not read: its own error says why
+        return None
+    return None
+
+
 def single_node(config: SupervisorConfig, env: Mapping[str, str]) -> bool:
     """A launcher's variables are there but say a group of one node (one box, as usual)."""
     try:
