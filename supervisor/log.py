@@ -147,7 +147,9 @@ def _renderer(fmt: str, out: TextIO, server_output: str) -> Processor:
     """The last processor: the event as one line (the journal's may carry a traceback below)."""
     journal = stream_is_journal(out)
     json_render = structlog.processors.JSONRenderer()
-    console = structlog.dev.ConsoleRenderer(colors=out.isatty())
+    # https://no-color.org: NO_COLOR set to anything but "" turns colours off on a terminal too.
+    colors = out.isatty() and not os.environ.get("NO_COLOR")
+    console = structlog.dev.ConsoleRenderer(colors=colors)
 
     def render(logger: Any, method: str, event: MutableMapping[str, Any]) -> Any:
         if server_output == "raw" and event.get("event") == "server_output":
