@@ -94,3 +94,51 @@ def test_formatting_uses_the_named_unit() -> None:
 )
 def test_durations_read_as_people_say_them(seconds: float, text: str):
     assert format_seconds(seconds) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("1e400s", "longer than 30 days"),  # was inf
+        ("721h", "longer than 30 days"),
+        (1e300, "longer than 30 days"),
+        (10**400, "longer than 30 days"),  # compared before float(): no OverflowError
+        (float("inf"), "longer than 30 days"),
+        (float("nan"), "non-negative"),
+        ("0.000000001s", "shorter than 1 ms"),  # a busy loop
+        ("0.5ms", "shorter than 1 ms"),
+    ],
+)
+def test_a_duration_is_0_or_1_ms_to_30_days(text: str | float, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("0", 0.0), ("0s", 0.0), ("1ms", 0.001), ("720h", 2592000.0)]
+)
+def test_the_bounds_of_a_duration_are_taken(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1e30GB", "1001TB", 10**400, 1e300, float("nan")])
+def test_a_size_above_1_pb_is_out_of_range(text: str | float) -> None:
+    with pytest.raises(ValueError, match="1 PB"):
+        parse_size(text)
+
+
+def test_1_pb_is_a_size() -> None:
+    assert parse_size("1000TB") == 1000**5
+
+
+def test_a_token_count_past_10_to_the_12_is_refused() -> None:
+    assert parse_token_count("1" + "0" * 12) == 10**12
+    with pytest.raises(ValueError, match="above 1,000,000,000,000"):
+        parse_token_count("1" + "0" * 400)  # a float overflow before
+
+
+def test_a_refused_value_is_quoted_short() -> None:
+    with pytest.raises(ValueError, match="unknown duration unit") as exc:
+        parse_duration("9" * 10_000 + "fortnights")
+    assert len(str(exc.value)) < 400
+    assert "10,010 characters" in str(exc.value)
