@@ -28,6 +28,13 @@ def _pos_int(value: object) -> int:
     return number
 
 
+def _gigabytes(value: object) -> int:
+    number = _nonneg_int(value)
+    if number > 1_000_000:  # 1 PB: past it the GB arithmetic overflows a float
+        raise ValueError("must be at most 1,000,000 (GB, 1 PB)")
+    return number
+
+
 def _fraction(value: object) -> float:
     number = float(str(value))
     if not 0.0 < number <= 1.0:
@@ -103,7 +110,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("page_size", ("--page-size",), _pos_int, "a positive integer"),
     Option("enable_hierarchical_cache", ("--enable-hierarchical-cache", "--enable-hicache"), None),
     Option("hicache_ratio", ("--hicache-ratio",), _pos_float, "e.g. 2.0"),
-    Option("hicache_size_gb", ("--hicache-size",), _nonneg_int, "a non-negative integer (GB)"),
+    Option("hicache_size_gb", ("--hicache-size",), _gigabytes, "a non-negative integer (GB)"),
     Option(
         "hicache_host_memory_fraction",
         ("--hicache-host-memory-fraction",),
@@ -118,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("base_gpu_id", ("--base-gpu-id",), _nonneg_int, "a non-negative integer"),
     Option("gpu_id_step", ("--gpu-id-step",), _pos_int, "a positive integer"),
     Option("weight_loader_disable_mmap", ("--weight-loader-disable-mmap",), None),
-    Option("cpu_offload_gb", ("--cpu-offload-gb",), _nonneg_int, "a non-negative integer (GB)"),
+    Option("cpu_offload_gb", ("--cpu-offload-gb",), _gigabytes, "a non-negative integer (GB)"),
     Option("speculative_algorithm", ("--speculative-algorithm",), _str),
     Option("speculative_draft_model_path", ("--speculative-draft-model-path",), _str),
     Option("speculative_num_steps", ("--speculative-num-steps",), _pos_int, "an integer"),
