@@ -10,7 +10,9 @@ from typing import Any
 import click
 
 from supervisor.config import load_config
+from supervisor.config.limits import path_problem
 from supervisor.config.sections import instance_name_problem
+from supervisor.core.bounded import shown
 from supervisor.errors import ConfigError
 from supervisor.run.state import default_state_dir
 
@@ -36,13 +38,17 @@ def state_dir_for(config_path: Path | None, state_dir: Path | None, name: str | 
 
     Raises:
         ConfigError: `name` is not an instance name (a '/' would nest directories, ".." climb
-            out of the state root), or the config file is bad.
+            out of the state root), a --state-dir the kernel would refuse (too long), or the
+            config file is bad.
     """
     if name is not None:
         problem = instance_name_problem(name)
         if problem is not None:
             raise ConfigError(f"--name {name!r}: {problem} (the rule of [run] name)")
     if state_dir is not None:
+        problem = path_problem(str(state_dir))
+        if problem is not None:
+            raise ConfigError(f"--state-dir {shown(str(state_dir))} {problem}")
         return state_dir
     config = load_config(config_path)
     if config.run.state_dir:

@@ -1,8 +1,9 @@
 """Every number of every config section finite and within its bounds, checked in one place.
 
-Each section's `__post_init__` calls `check_limits(self, "<section>")` before its own rules: the
-config file, the command line (`dataclasses.replace` over the file's section) and the
-`SGLANG_SUPERVISOR_<OPTION>` variables all construct the section, so all meet the same check.
+Each section's `__post_init__` calls `check_limits(self, "<section>")` after its own rules
+(whose messages say more about their keys): the config file, the command line
+(`dataclasses.replace` over the file's section) and the `SGLANG_SUPERVISOR_<OPTION>` variables
+all construct the section, so all meet the same check.
 
 What is checked, for each int or float field (and each integer of a tuple of them):
 - finite: TOML reads `nan` and `inf` as floats, and `nan` passes every `<` and `<=` a section's
@@ -14,6 +15,11 @@ What is checked, for each int or float field (and each integer of a tuple of the
 - the narrower bounds LIMITS gives a key, where more would be a typo, a busy loop or a plan of
   a machine that cannot exist.
 
+And each string (and each string of a list): no NUL (a C string ends there: the OS calls that
+take it fail later, at launch), at most MAX_TEXT_CHARS (a word of 100,000 characters is no name
+and costs every log line that quotes it), and for the keys that name files a path the kernel
+takes (PATH_MAX, NAME_MAX): these would fail only when first opened, after the checks passed.
+
 Relations between keys (warn > terminate > kill, backoff_max >= backoff_initial) stay with their
 sections.
 """
@@ -24,6 +30,7 @@ import dataclasses
 import math
 from typing import Any
 
+from supervisor.core.bounded import shown
 from supervisor.core.units import MAX_DURATION_S, MAX_SIZE_BYTES, GiB, TiB, format_bytes
 from supervisor.errors import ConfigError
 
@@ -51,6 +58,8 @@ LIMITS: dict[str, Limit] = {
     "preflight.avg_request_tokens": Limit(1, 10**8, "--avg-request-tokens"),
     "preflight.load_threads": Limit(0, 1024, why="loader threads per rank"),
     "preflight.weights": Limit(None, None, "--weights"),
+    "server.model_config": Limit(option="--model-config"),
+    "run.state_dir": Limit(option="--state-dir"),
     "run.health_interval": Limit(0.01, None, why="a probe more often than every 10 ms"),
     "run.failure_threshold": Limit(1, 10**6),
     "run.max_restarts": Limit(0, 10**6),
@@ -63,6 +72,30 @@ LIMITS: dict[str, Limit] = {
     "watchdog.incident_log_lines": Limit(0, 10**6),
     "gpu.max_volatile_dbe": Limit(0, 10**9),
 }
+
+
+MAX_TEXT_CHARS = 4096
+# An argument of the server's or a hook's command: Linux's MAX_ARG_STRLEN.
+MAX_ARG_CHARS = 128 * 1024
+_LONG_TEXT = {"server.args", "server.command", "gpu.reset_command"} | {
+    f"hooks.{name}" for name in ("on_incident", "on_fatal", "on_ready")
+}
+# Keys that name a file or directory: held to what the kernel takes.
+PATH_KEYS = frozenset(
+    {"server.model_config", "preflight.ledger_dir", "run.state_dir", "metrics.textfile"}
+)
+SECRET_KEYS = frozenset({"group.token"})  # never quoted
+_PATH_MAX, _NAME_MAX = 4095, 255
+
+
+def path_problem(path: str) -> str | None:
+    """Why the kernel would refuse `path` (ENAMETOOLONG), or None."""
+    encoded = path.encode("utf-8", "surrogateescape")
+    if len(encoded) > _PATH_MAX:
+        return f"is longer than {_PATH_MAX:,} bytes (PATH_MAX)"
+    if any(len(part) > _NAME_MAX for part in encoded.split(b"/")):
+        return f"has a name longer than {_NAME_MAX} bytes (NAME_MAX)"
+    return None
 
 
 def field_key(name: str) -> str:
@@ -83,9 +116,26 @@ def check_limits(section: Any, name: str) -> None:
     for fld in dataclasses.fields(section):
         value = getattr(section, fld.name)
         values = value if isinstance(value, tuple) else (value,)
+        key = f"{name}.{field_key(fld.name)}"
         for item in values:
-            if isinstance(item, (int, float)) and not isinstance(item, bool):
-                _check(f"{name}.{field_key(fld.name)}", fld.name, item)
+            if isinstance(item, str):
+                _check_text(key, item)
+            elif isinstance(item, (int, float)) and not isinstance(item, bool):
+                _check(key, fld.name, item)
+
+
+def _check_text(key: str, text: str) -> None:
+    option = LIMITS[key].option if key in LIMITS else ""
+    named = f"config key {key}" + (f" ({option})" if option else "")
+    got = "" if key in SECRET_KEYS else f" (got {shown(text)})"
+    if "\0" in text:
+        raise ConfigError(f"{named} holds a NUL character{got}")
+    most = MAX_ARG_CHARS if key in _LONG_TEXT else MAX_TEXT_CHARS
+    if len(text) > most:
+        raise ConfigError(f"{named} is longer than {most:,} characters{got}")
+    problem = path_problem(text) if key in PATH_KEYS else None
+    if problem is not None:
+        raise ConfigError(f"{named} {problem}{got}")
 
 
 def _check(key: str, field_name: str, value: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from supervisor.config.limits import check_limits
 from supervisor.core.listen import is_loopback, split_listen
 from supervisor.errors import ConfigError
 
@@ -19,6 +20,7 @@ class HttpConfig:
     allow_remote: bool = False
 
     def __post_init__(self) -> None:
+        check_limits(self, "http")
         if not self.listen:
             return
         try:
@@ -46,6 +48,7 @@ class MetricsConfig:
     textfile: str = ""
 
     def __post_init__(self) -> None:
+        check_limits(self, "metrics")
         if self.textfile and not self.textfile.endswith(".prom"):
             raise ConfigError(
                 f"config key metrics.textfile must end in .prom, the only files node_exporter's "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from supervisor.config.gpu_section import GpuConfig
 from supervisor.config.group_section import GroupConfig
 from supervisor.config.hooks import HooksConfig
-from supervisor.config.limits import check_limits
+from supervisor.config.limits import MAX_ARG_CHARS, check_limits
 from supervisor.config.metrics_sections import HttpConfig, MetricsConfig
 from supervisor.core.bounded import shown
 from supervisor.core.units import GB, GiB
@@ -40,6 +40,8 @@ def instance_name_problem(name: str) -> str | None:
     """
     if not name or not all(c.isalnum() or c in "._@-" for c in name):
         return "must be letters, digits, '.', '_', '@' or '-'"
+    if len(name.encode()) > 255:  # it names a directory: NAME_MAX
+        return "must be at most 255 bytes long (it names the state directory)"
     if not name.strip("."):
         return "must be letters, digits, '.', '_', '@' or '-', and not dots only"
     return None
@@ -66,21 +68,17 @@ def _numa_gpus_problem(numa: tuple[NumaNodeSpec, ...], gpus: int | None) -> str 
     return None
 
 
-def launch_problem(
-    args: tuple[str, ...], command: tuple[str, ...], env: Mapping[str, str]
-) -> str | None:
-    """What execve would refuse in the server's argv and environment (at launch, after the
-    checks passed), as "<key> ...", or None: a NUL anywhere (C strings end there), an
-    environment name that is empty or holds '=' (the first '=' ends the name)."""
-    for key, words in (("args", args), ("command", command)):
-        for word in words:
-            if "\0" in word:
-                return f"{key}: {shown(word)} holds a NUL character"
+def env_problem(env: Mapping[str, str]) -> str | None:
+    """What execve would refuse in the server's environment (at launch, after the checks
+    passed), as "env..." or None: a NUL (C strings end there), a name that is empty or holds
+    '=' (the first '=' ends the name), a value past MAX_ARG_CHARS."""
     for name, value in env.items():
         if not name or "=" in name or "\0" in name:
             return f"env: {shown(name)} is not an environment variable name (empty, '=' or NUL)"
         if "\0" in value:
             return f"env.{name}: the value holds a NUL character"
+        if len(name) + len(value) >= MAX_ARG_CHARS:
+            return f"env.{shown(name)}: the value is longer than {MAX_ARG_CHARS:,} characters"
     return None
 
 
@@ -115,7 +113,8 @@ class ServerConfig:
     group: str | None = None
 
     def __post_init__(self) -> None:
-        problem = launch_problem(self.args, self.command, self.env)
+        check_limits(self, "server")  # a NUL in args or command, a path too long
+        problem = env_problem(self.env)
         if problem is not None:
             raise ConfigError(f"config key server.{problem}")
 
@@ -357,6 +356,7 @@ class LogConfig:
             raise ConfigError(
                 f"config key log.server_output must be json or raw (got {self.server_output!r})"
             )
+        check_limits(self, "log")
 
 
 @dataclasses.dataclass(**_FROZEN)

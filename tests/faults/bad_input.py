@@ -4,6 +4,8 @@ every call. docs/faults.md "Bad input" lists each case with its test."""
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ import structlog
 
 from supervisor import log as sup_log
 from supervisor.cli import main
+from supervisor.config import SupervisorConfig
+from supervisor.config.loader import toml_key
 from supervisor.testing.lws_config import config_toml, merge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,3 +79,33 @@ def preflight(
     --model-config (None: none, the model is looked up by its path)."""
     model_option = ["--model-config", str(model)] if model is not None else []
     return ["preflight", *FACTS, *model_option, *options, "--", *argv]
+
+
+def config_fields(kind: str) -> list[tuple[str, str]]:
+    """(section, key) of every config field of `kind`: "duration", "size", "float", "int",
+    "text" (a string or a list of strings)."""
+    out = []
+    for section in dataclasses.fields(SupervisorConfig):
+        cls = typing.get_type_hints(SupervisorConfig)[section.name]
+        hints = typing.get_type_hints(cls)
+        for fld in dataclasses.fields(cls):
+            hint = hints[fld.name]
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            base = args[0] if args else hint
+            if fld.name.endswith("_s"):
+                found = "duration"
+            elif fld.name.endswith("_bytes"):
+                found = "size"
+            elif base is float:
+                found = "float"
+            elif base is int:
+                found = "int"
+            elif base is str or (
+                typing.get_origin(base) is tuple and typing.get_args(base)[:1] == (str,)
+            ):
+                found = "text"
+            else:
+                continue
+            if found == kind:
+                out.append((section.name, toml_key(fld.name)))
+    return out

@@ -17,6 +17,7 @@ from tests.faults.bad_input import (
     ARGV,
     QWEN,
     cli,
+    config_fields,
     logging_as_it_was,
     preflight,
     refused,
@@ -78,9 +79,49 @@ def test_server_env_is_refused_by_check_config_as_run_would(
     assert message in err
 
 
+TEXT_FIELDS = config_fields("text")
+LIST_FIELDS = {("server", "args"), ("server", "command")} | {
+    ("hooks", name) for name in ("on_incident", "on_fatal", "on_ready")
+}
+
+
+@pytest.mark.parametrize(("section", "key"), TEXT_FIELDS)
+@pytest.mark.parametrize("value", ["a\0b", "x" * 200_000], ids=["NUL", "200,000 characters"])
+def test_every_text_key_is_refused_with_a_nul_or_past_its_length(
+    tmp_path, capsys, section, key, value
+):
+    """A NUL failed only where the OS took the string (a launch, a mkdir, getpwnam: exit 70),
+    and a word of 200,000 characters in every log line that quotes it."""
+    given = [value] if (section, key) in LIST_FIELDS else value
+    err = refused(capsys, "check-config", str(write_config(tmp_path, {section: {key: given}})))
+    assert f"config key {section}.{key}" in err
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [
+        ("server", "model_config"),
+        ("preflight", "ledger_dir"),
+        ("run", "state_dir"),
+        ("metrics", "textfile"),
+    ],
+)
+def test_a_path_key_the_kernel_would_refuse_is_refused_now(tmp_path, capsys, section, key):
+    value = f"{tmp_path}/{'x' * 300}.prom"
+    err = refused(capsys, "check-config", str(write_config(tmp_path, {section: {key: value}})))
+    assert f"config key {section}.{key}" in err
+    assert "longer than 255 bytes (NAME_MAX)" in err
+
+
+def test_a_state_dir_option_the_kernel_would_refuse_is_refused(tmp_path, capsys):
+    err = refused(capsys, "status", "--state-dir", f"{tmp_path}/{'x' * 300}")
+    assert "--state-dir" in err
+    assert "NAME_MAX" in err
+
+
 def test_a_nul_in_the_server_s_argv_is_refused(tmp_path, capsys):
     config = write_config(tmp_path, {"server": {"args": [*ARGV, "--served-model-name", "a\0b"]}})
-    assert "server.args: 'a\\x00b' holds a NUL character" in refused(
+    assert "server.args holds a NUL character (got 'a\\x00b')" in refused(
         capsys, "check-config", str(config)
     )
 

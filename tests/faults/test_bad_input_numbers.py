@@ -7,46 +7,24 @@ option added later is held to the same bounds without a new line here."""
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from collections.abc import Iterator
 
 import pytest
 
 from supervisor.commands.run_options import _DURATION, _RUN_OPTIONS
-from supervisor.config import SupervisorConfig
-from supervisor.config.loader import toml_key
-from tests.faults.bad_input import cli, logging_as_it_was, preflight, refused, write_config
+from tests.faults.bad_input import (
+    cli,
+    config_fields,
+    logging_as_it_was,
+    preflight,
+    refused,
+    write_config,
+)
 
 
 @pytest.fixture(autouse=True)
 def _logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield from logging_as_it_was(monkeypatch)
-
-
-def _fields(kind: str) -> list[tuple[str, str]]:
-    """(section, key) of every config field of `kind`: "duration", "size", "float", "int"."""
-    out = []
-    for section in dataclasses.fields(SupervisorConfig):
-        cls = typing.get_type_hints(SupervisorConfig)[section.name]
-        hints = typing.get_type_hints(cls)
-        for fld in dataclasses.fields(cls):
-            hint = hints[fld.name]
-            args = [a for a in typing.get_args(hint) if a is not type(None)]
-            base = args[0] if args else hint
-            if fld.name.endswith("_s"):
-                found = "duration"
-            elif fld.name.endswith("_bytes"):
-                found = "size"
-            elif base is float:
-                found = "float"
-            elif base is int:
-                found = "int"
-            else:
-                continue
-            if found == kind:
-                out.append((section.name, toml_key(fld.name)))
-    return out
 
 
 def check_config(capsys: pytest.CaptureFixture[str], tmp_path, section: str, key: str, value):
@@ -60,7 +38,7 @@ def test_the_base_config_passes(tmp_path, capsys):
     assert "valid" in out
 
 
-@pytest.mark.parametrize(("section", "key"), _fields("duration"))
+@pytest.mark.parametrize(("section", "key"), config_fields("duration"))
 @pytest.mark.parametrize(
     ("value", "why"),
     [
@@ -76,7 +54,7 @@ def test_every_duration_key_is_bounded(tmp_path, capsys, section, key, value, wh
     assert why in err
 
 
-@pytest.mark.parametrize(("section", "key"), _fields("size"))
+@pytest.mark.parametrize(("section", "key"), config_fields("size"))
 @pytest.mark.parametrize("value", ["1e30GB", "1001TB", "1e400GB"])
 def test_every_size_key_is_bounded(tmp_path, capsys, section, key, value):
     err = check_config(capsys, tmp_path, section, key, value)
@@ -84,7 +62,7 @@ def test_every_size_key_is_bounded(tmp_path, capsys, section, key, value):
     assert "above 1 PB" in err
 
 
-@pytest.mark.parametrize(("section", "key"), _fields("float"))
+@pytest.mark.parametrize(("section", "key"), config_fields("float"))
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
 def test_every_float_key_is_finite(tmp_path, capsys, section, key, value):
     """TOML reads nan and inf; nan passed every `<=` rule (ramp_gb_per_second = nan)."""
@@ -92,7 +70,7 @@ def test_every_float_key_is_finite(tmp_path, capsys, section, key, value):
     assert f"{section}.{key}" in err
 
 
-@pytest.mark.parametrize(("section", "key"), _fields("int"))
+@pytest.mark.parametrize(("section", "key"), config_fields("int"))
 def test_every_integer_key_is_bounded(tmp_path, capsys, section, key):
     err = check_config(capsys, tmp_path, section, key, 10**18)
     assert f"{section}.{key}" in err
