@@ -244,7 +244,10 @@ def load_model_config(
         ConfigError: the model is neither a local directory nor in the local HF cache (and no
             override is given), or a config file is unreadable or malformed (names the file).
     """
-    model_dir = resolve_model_dir(model_path, env) if model_path else None
+    try:
+        model_dir = resolve_model_dir(model_path, env) if model_path else None
+    except OSError as exc:  # a cache folder name past NAME_MAX, a loop in the cache
+        raise ConfigError(f"cannot look up model path {shown(model_path)}: {_why(exc)}") from None
     if override is not None:
         config_file = Path(override).expanduser()
         if config_file.is_dir():

@@ -10,9 +10,8 @@ from typing import Any
 import click
 
 from supervisor.config import load_config
-from supervisor.config.limits import path_problem
 from supervisor.config.sections import instance_name_problem
-from supervisor.core.bounded import shown
+from supervisor.core.bounded import path_problem, shown
 from supervisor.errors import ConfigError
 from supervisor.run.state import default_state_dir
 

@@ -30,7 +30,7 @@ import dataclasses
 import math
 from typing import Any
 
-from supervisor.core.bounded import shown
+from supervisor.core.bounded import path_problem, shown
 from supervisor.core.units import MAX_DURATION_S, MAX_SIZE_BYTES, GiB, TiB, format_bytes
 from supervisor.errors import ConfigError
 
@@ -85,17 +85,6 @@ PATH_KEYS = frozenset(
     {"server.model_config", "preflight.ledger_dir", "run.state_dir", "metrics.textfile"}
 )
 SECRET_KEYS = frozenset({"group.token"})  # never quoted
-_PATH_MAX, _NAME_MAX = 4095, 255
-
-
-def path_problem(path: str) -> str | None:
-    """Why the kernel would refuse `path` (ENAMETOOLONG), or None."""
-    encoded = path.encode("utf-8", "surrogateescape")
-    if len(encoded) > _PATH_MAX:
-        return f"is longer than {_PATH_MAX:,} bytes (PATH_MAX)"
-    if any(len(part) > _NAME_MAX for part in encoded.split(b"/")):
-        return f"has a name longer than {_NAME_MAX} bytes (NAME_MAX)"
-    return None
 
 
 def field_key(name: str) -> str:

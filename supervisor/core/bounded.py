@@ -84,6 +84,19 @@ def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     return f"{text[:limit]}… ({len(text):,} characters)"
 
 
+_PATH_MAX, _NAME_MAX = 4095, 255  # Linux's, in bytes
+
+
+def path_problem(path: str) -> str | None:
+    """Why the kernel would refuse `path` (ENAMETOOLONG from the first stat or open), or None."""
+    encoded = path.encode("utf-8", "surrogateescape")
+    if len(encoded) > _PATH_MAX:
+        return f"is longer than {_PATH_MAX:,} bytes (PATH_MAX)"
+    if any(len(part) > _NAME_MAX for part in encoded.split(b"/")):
+        return f"has a name longer than {_NAME_MAX} bytes (NAME_MAX)"
+    return None
+
+
 def clip_line(line: str, limit: int = MAX_LINE_CHARS) -> str:
     """`line` with its middle cut out when longer than `limit`, saying how much went."""
     if len(line) <= limit:

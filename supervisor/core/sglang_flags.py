@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from supervisor.core.bounded import path_problem
 from supervisor.core.units import parse_token_count
 
 
@@ -58,6 +59,9 @@ def _path(value: object) -> str:
     text = str(value)
     if not text.strip():
         raise ValueError("must name a model (a directory or a Hugging Face id), not be empty")
+    problem = path_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
     return text
 
 
@@ -127,7 +131,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("weight_loader_disable_mmap", ("--weight-loader-disable-mmap",), None),
     Option("cpu_offload_gb", ("--cpu-offload-gb",), _gigabytes, "a non-negative integer (GB)"),
     Option("speculative_algorithm", ("--speculative-algorithm",), _str),
-    Option("speculative_draft_model_path", ("--speculative-draft-model-path",), _str),
+    Option("speculative_draft_model_path", ("--speculative-draft-model-path",), _path),
     Option("speculative_num_steps", ("--speculative-num-steps",), _pos_int, "an integer"),
     Option("speculative_eagle_topk", ("--speculative-eagle-topk",), _pos_int, "an integer"),
     Option(

@@ -290,3 +290,12 @@ def test_a_cache_ref_that_leaves_the_cache_is_refused(tmp_path, capsys, monkeypa
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     err = refused(capsys, *preflight(model=None, argv=("--model-path", "org/m", "--tp", "8")))
     assert f"Hugging Face cache ref {repo / 'refs' / 'main'} names {ref!r}" in err
+
+
+def test_a_model_id_whose_cache_folder_the_kernel_refuses_is_named(tmp_path, capsys, monkeypatch):
+    """models--org--<250 x> is past NAME_MAX: the stat's OSError was a traceback."""
+    (tmp_path / "hub").mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    argv = ("--model-path", "org/" + "x" * 250, "--tp", "8")
+    err = refused(capsys, *preflight(model=None, argv=argv))
+    assert "cannot look up model path 'org/xxx" in err

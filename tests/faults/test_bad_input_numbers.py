@@ -193,8 +193,9 @@ def test_a_refused_preflight_option_is_named(capsys, options, message):
         (("--model-path", "m/x", "--tp", "8", "--max-total-tokens", "1" + "0" * 400), "above"),
         (("--model-path", "m/x", "--tp", "8", "--hicache-size", "9" * 300), "at most 1,000,000"),
         (("--model-path", "m/x", "--tp", "8", "--cpu-offload-gb", "9" * 300), "at most 1,000,000"),
+        (("--model-path", "/m/" + "x" * 5000, "--tp", "8"), "longer than 4,095 bytes (PATH_MAX)"),
     ],
-    ids=["empty model path", "tp 1e11", "dp 1e11", "400-digit tokens", "hicache", "offload"],
+    ids=["empty", "tp 1e11", "dp 1e11", "400-digit tokens", "hicache", "offload", "5000"],
 )
 def test_a_refused_server_argument_is_named(capsys, argv, message):
     assert message in refused(capsys, *preflight(argv=argv))
