@@ -1,4 +1,4 @@
-"""Every number of every config section finite and within its bounds, checked in one place.
+"""Every number and string of every config section within its bounds, checked in one place.
 
 Each section's `__post_init__` calls `check_limits(self, "<section>")` after its own rules
 (whose messages say more about their keys): the config file, the command line
@@ -97,7 +97,7 @@ def field_key(name: str) -> str:
 
 def check_limits(section: Any, name: str) -> None:
     """Refuse the first number of `section` (the table `name`) that is not finite or out of
-    its bounds, naming its key (and option).
+    its bounds, or string that holds a NUL or is too long, naming its key (and option).
 
     Raises:
         ConfigError: "config key run.health_timeout must be at most 30 days (got ...)".

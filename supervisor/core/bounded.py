@@ -30,8 +30,9 @@ class TooDeep(ValueError):
 def nesting_problem(value: object, limit: int = MAX_NESTING) -> str | None:
     """Why `value` (lists and mappings of anything) nests too deep, or None.
 
-    Iterative, so that checking a deep document cannot itself run out of stack; every
-    container is visited once, so a document of shared parts (YAML aliases) counts once each.
+    Iterative, so that checking a deep document cannot itself run out of stack. Made for the
+    trees JSON and TOML parse: a container met twice is walked once, at the first depth it was
+    met (YAML's shared nodes are measured over its node graph: adapters/sglang_config.py).
     """
     seen: set[int] = set()
     stack: list[tuple[object, int]] = [(value, 1)]
