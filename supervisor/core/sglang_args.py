@@ -9,7 +9,7 @@ become plan fields (core/sglang_flags.py); the user's argv is never reordered, a
 
 from __future__ import annotations
 
-import re
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,15 +23,15 @@ from supervisor.core.sglang_cli import (
     option_spans,
     parse_cli,
 )
-from supervisor.core.sglang_flags import OPTIONS, SECRET_FLAGS
+from supervisor.core.sglang_flags import OPTIONS, is_secret_flag
 from supervisor.core.sglang_versions import rules_for_version
 
 __all__ = [
-    "SECRET_FLAGS",
     "ArgvError",
     "LaunchPlan",
     "parse_launch_args",
     "redact_argv",
+    "secret_flag_names",
     "with_flag_value",
 ]
 
@@ -84,6 +84,8 @@ class LaunchPlan:
     chunked_prefill_size: int | None = None
     repeated: tuple[str, ...] = ()  # flags given more than once (SGLang takes the last)
     unknown: tuple[str, ...] = ()  # flags the table lacks, passed on (a newer SGLang)
+    # The values of every secret flag (sglang_flags.is_secret_flag), the YAML's included.
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def data_parallel_replicas(self) -> int:
@@ -192,11 +194,13 @@ def parse_launch_args(
         except ValueError as exc:
             hint = f" ({option.reason})" if option.reason else ""
             raise ArgvError(f"{option.names[0]} {shown(raw)}: {exc}{hint}") from None
+    secret_dests = {f.dest for f in rules.table.flags if is_secret_flag(f)}
     plan = LaunchPlan(
         argv=tuple(argv),
         given=frozenset(values),
         repeated=parsed.repeated,
         unknown=parsed.unknown,
+        secrets=tuple(str(v) for d, v in parsed.values.items() if d in secret_dests and v),
         **values,  # type: ignore[arg-type]  # each converter returns its field's type
     )
     _check_consistency(plan)
@@ -269,25 +273,30 @@ def with_flag_value(
     return tuple(out)
 
 
-_SECRET_TOKEN = re.compile(r"^(--(?:admin-)?api-key=)(.+)$")
+@functools.lru_cache(maxsize=8)
+def secret_flag_names(table: CliTable | None = None) -> frozenset[str]:
+    """Every spelling of every secret flag of the release (sglang_flags.is_secret_flag)."""
+    return frozenset(n for f in _table(table).flags if is_secret_flag(f) for n in f.names)
 
 
 def redact_argv(argv: Sequence[str], table: CliTable | None = None) -> tuple[str, ...]:
-    """argv with the values of secret flags (`--api-key`, `--admin-api-key`) replaced by ***."""
+    """argv with the values of secret flags (`--api-key`, `--ssl-keyfile-password`, ...)
+    replaced by ***, abbreviations and `--flag=value` included."""
     table = _table(table)
     out = list(argv)
-    secret_dests = {f.dest for n in SECRET_FLAGS if (f := table.flag(n)) is not None}
     for index, flag, token, value_indexes in option_spans(argv, table):
-        if flag.dest not in secret_dests:
+        if not is_secret_flag(flag):
             continue
         if "=" in token:
             out[index] = token.partition("=")[0] + "=***"
         for i in value_indexes:
             out[i] = "***"
     # Belt and braces for spellings the table does not resolve (e.g. after a stray "--").
+    names = secret_flag_names(table)
     for i, token in enumerate(out):
-        if token in SECRET_FLAGS and i + 1 < len(out):
+        name, eq, _value = token.partition("=")
+        if token in names and i + 1 < len(out):
             out[i + 1] = "***"
-        elif (match := _SECRET_TOKEN.match(token)) is not None:
-            out[i] = match.group(1) + "***"
+        elif eq and name in names:
+            out[i] = f"{name}=***"
     return tuple(out)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from supervisor.core.bounded import path_problem
+from supervisor.core.secret_names import is_secret_name
+from supervisor.core.sglang_cli import CliFlag
 from supervisor.core.units import parse_token_count
 
 
@@ -148,5 +150,24 @@ OPTIONS: tuple[Option, ...] = (
     Option("chunked_prefill_size", ("--chunked-prefill-size",), _int, "an integer (-1: off)"),
 )
 
-# Flags whose values are secrets: masked in every log line, state file and report.
-SECRET_FLAGS: frozenset[str] = frozenset({"--api-key", "--admin-api-key"})
+# SGLang's flags that take a string and have a secret word in their name (core/secret_names.py)
+# but whose value is no secret. Every other such flag of a release's table is a secret flag;
+# tests/core/test_sglang_flags.py lists what this rule makes of each release's table.
+NOT_SECRET_FLAGS: dict[str, str] = {
+    "--speculative-token-map": "a file of token ids (a path)",
+}
+
+
+def is_secret_flag(flag: CliFlag) -> bool:
+    """The flag's value is a secret: masked in every log line, state file and report.
+
+    A flag is secret when it takes a string value (a switch or a number is no secret) and one of
+    its spellings is a secret name (--api-key, --admin-api-key, --ssl-keyfile-password), unless
+    NOT_SECRET_FLAGS says otherwise. Read from the release's table, so a secret flag a new
+    release adds is masked as soon as the table is regenerated.
+    """
+    takes_text = flag.nargs != 0 and flag.kind == "str" and flag.choices is None
+    if not takes_text or flag.action in ("store_true", "bool_optional"):
+        return False
+    named = any(is_secret_name(name[2:]) for name in flag.names)
+    return named and not any(name in NOT_SECRET_FLAGS for name in flag.names)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from supervisor.core import sglang_cli_data
+from supervisor.core.secret_names import is_secret_name
 from supervisor.core.sglang_args import (
     ArgvError,
     LaunchPlan,
     parse_launch_args,
     redact_argv,
+    secret_flag_names,
     with_flag_value,
 )
-from supervisor.core.sglang_versions import rules_for_version
+from supervisor.core.sglang_flags import is_secret_flag
+from supervisor.core.sglang_versions import rules_for_version, table_for
 
 SEED = ["--model-path", "/models/kimi", "--tp-size", "8", "--enable-hierarchical-cache"]
 STRICT = rules_for_version("0.5.23").cli()  # as `run` and `preflight` read a 0.5.23 argv
@@ -177,6 +181,41 @@ def test_redact_argv_hides_api_keys_in_both_forms() -> None:
     assert "sk-secret" not in " ".join(out)
     assert "adm-secret" not in " ".join(out)
     assert out == ("--api-key", "***", "--admin-api-key=***", "--tp", "2")
+
+
+def test_redact_argv_hides_every_secret_flag_abbreviations_and_yaml_included() -> None:
+    argv = ["--ssl-keyfile-password", "pw-1", "--ssl-keyfile", "/k.pem", "--api-k=sk-2"]
+    out = redact_argv(argv)
+    assert out == ("--ssl-keyfile-password", "***", "--ssl-keyfile", "/k.pem", "--api-k=***")
+    plan = parse_launch_args(
+        ["--model-path", "m", "--config", "c.yaml"], config={"ssl-keyfile-password": "pw-yaml"}
+    )
+    assert plan.secrets == ("pw-yaml",)
+
+
+@pytest.mark.parametrize("version", sglang_cli_data.VERSIONS)
+def test_the_secret_flags_of_each_release_follow_one_rule(version: str) -> None:
+    """A flag is secret when it takes a string and a word of its name is a secret word; the
+    exceptions are named. What the rule makes of every flag with such a word, release by release:
+    a new flag with a secret word fails here until it is judged."""
+    table = table_for(version)
+    worded = {
+        f.names[0]: is_secret_flag(f)
+        for f in table.flags
+        if any(is_secret_name(n[2:]) for n in f.names)
+    }
+    assert worded == {
+        "--admin-api-key": True,
+        "--api-key": True,
+        "--ssl-keyfile-password": True,
+        "--speculative-token-map": False,  # NOT_SECRET_FLAGS: a path
+        "--bucket-inter-token-latency": False,  # numbers
+        "--bucket-time-to-first-token": False,
+        "--kt-max-deferred-experts-per-token": False,
+        "--prefill-delayer-token-usage-low-watermark": False,
+        "--tbo-token-distribution-threshold": False,
+    }
+    assert secret_flag_names(table) == {"--api-key", "--admin-api-key", "--ssl-keyfile-password"}
 
 
 def test_gpu_ids_with_pipeline_stages_follow_sglangs_formula() -> None:
