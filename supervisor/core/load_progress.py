@@ -52,12 +52,24 @@ _MARK_PHASES = {
 
 # One tqdm meter: "<desc>: <pct>%" then SGLang's " Completed |" or tqdm's "|<bar>|", then
 # "<n>/<total> [<elapsed><<remaining>". Searched, not anchored: a bar redraw may be glued to
-# another process's line on the same pipe, and tqdm pads a shorter redraw with spaces.
+# another process's line on the same pipe, and tqdm pads a shorter redraw with spaces. The
+# pattern begins at the colon after the description, so that a search tries each colon once
+# (not every character of a long line); the description is what precedes it (_description).
 _METER = re.compile(
-    r"(?P<desc>[^:\r\n]*):\s*(?P<percent>\d{1,3})%"
+    r":\s*(?P<percent>\d{1,3})%"
     r"(?:\s*Completed\s*\||\|[^|\r\n]*\|)\s*"
     r"(?P<n>\d+)/(?P<total>\d+)\s*\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:]+|\?)"
 )
+DESCRIPTION_MAX_CHARS = 200  # tqdm's description is a few words; the rest is glued-on text
+_CLOCK = re.compile(r"\A\d+(?::\d+){1,2}\Z")
+
+
+def _description(line: str, colon: int) -> str:
+    """The meter's description: the text before its colon, back to a colon or a line end."""
+    start = max(0, colon - DESCRIPTION_MAX_CHARS)
+    before = line[start:colon]
+    cut = max(before.rfind(":"), before.rfind("\r"), before.rfind("\n"))
+    return before[cut + 1 :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +85,7 @@ class Meter:
 
 def _clock_s(text: str) -> float | None:
     """tqdm's format_interval ("mm:ss" or "h:mm:ss") in seconds; None for "?"."""
-    if not re.fullmatch(r"\d+(:\d+){1,2}", text):
+    if not _CLOCK.fullmatch(text):
         return None
     seconds = 0
     for part in text.split(":"):
@@ -86,7 +98,7 @@ def read_meter(line: str) -> Meter | None:
     match = _METER.search(line)
     if match is None:
         return None
-    desc = match.group("desc").lower()
+    desc = _description(line, match.start()).lower()
     if "loading" in desc and ("shard" in desc or "safetensors" in desc or "checkpoint" in desc):
         phase, unit = Phase.WEIGHTS, "shards"
     elif "capturing" in desc or "compiling num tokens" in desc:

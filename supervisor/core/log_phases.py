@@ -2,6 +2,9 @@
 
 Pure substring matching on one line; SGLang refactors fast, so only stable phrases are used and
 an unknown line is simply not a mark. Used for load progress, log events and failure classes.
+Every line the server prints may pass through here: each pattern runs in time linear in the
+line (the shape core/redact.py describes), a gap between two phrases is bounded or found with
+str.find, never with an unbounded `.*` that would rescan the line from every start.
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ PHRASES: tuple[Phrase, ...] = (
     # (srt/managers/scheduler.py line 6295, in configure_scheduler_process).
     Phrase("fatal python error: bus error", LogMark.BUS_ERROR, "python"),
 )
-# "Allocating … hierarchical KV host pool: N tokens, X GB host memory."
-_HOST_POOL = re.compile(r"allocating .*host pool", re.IGNORECASE)
+# "Allocating … hierarchical KV host pool: N tokens, X GB host memory." (found with str.find)
+_HOST_POOL_WORDS = ("allocating ", "host pool")
 # "Subprocess scheduler_3 (pid=…) crashed with exit code -9"
 _SUBPROCESS_CRASH = re.compile(r"subprocess \S+ \(pid=\d+\) crashed with exit code", re.IGNORECASE)
 # argparse: "launch_server.py: error: unrecognized arguments: --foo" / "error: argument --tp-size"
@@ -106,7 +109,8 @@ _ARGPARSE = re.compile(r"(^usage: )|(: error: (unrecognized arguments|argument |
 _EXIT_CODE = re.compile(r"exit code:? *(-?\d+)", re.IGNORECASE)
 # model_runner_components/cuda_graph_setup.py: "Capture {role} {decode|verify|prefill} CUDA graph
 # begin. backend=…" and "… end. elapsed=…"; the speculative workers' draft graphs alike.
-_GRAPH_CAPTURE = re.compile(r"\bcapture [\w -]*?graph (begin|end)\.", re.IGNORECASE)
+# The role and stage between "Capture" and "graph" are a few words: the gap is bounded.
+_GRAPH_CAPTURE = re.compile(r"\bcapture [\w -]{0,80}?graph (begin|end)\.", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +126,7 @@ def read_mark(line: str) -> MarkedLine | None:
     if _SUBPROCESS_CRASH.search(line):
         return MarkedLine(LogMark.SUBPROCESS_CRASHED, _exit_code(line))
     lowered = line.lower()
-    if _HOST_POOL.search(line) and "tokens" in lowered:
+    if _host_pool(lowered) and "tokens" in lowered:
         return MarkedLine(LogMark.HOST_POOL_ALLOCATED)
     for phrase in PHRASES:
         if phrase.text in lowered:
@@ -132,6 +136,13 @@ def read_mark(line: str) -> MarkedLine | None:
         begins = graph.group(1).lower() == "begin"
         return MarkedLine(LogMark.GRAPH_CAPTURE_BEGIN if begins else LogMark.GRAPH_CAPTURE_END)
     return None
+
+
+def _host_pool(lowered: str) -> bool:
+    """ "allocating " and, later on the line, "host pool"."""
+    first, then = _HOST_POOL_WORDS
+    at = lowered.find(first)
+    return at != -1 and lowered.find(then, at + len(first)) != -1
 
 
 def _exit_code(line: str) -> int | None:

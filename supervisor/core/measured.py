@@ -21,12 +21,15 @@ from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.units import GiB
 
 # Compiled by the first SizingLog (re caches them), not at import: only `run` reads a launch's
-# log, and the pre-flight imports this module for the records alone.
-_WEIGHTS = r"Load weight end\..*avail mem=([\d.]+) GB, mem usage=([\d.]+) GB"
-_KV = r"KV Cache is allocated\. .*#tokens: (\d+)"
-_HOST_POOL = r"hierarchical KV host pool: (\d+) tokens"
-_POOL_END = r"Memory pool end\. avail mem=([\d.]+) GB"
+# log, and the pre-flight imports this module for the records alone. Where the numbers come
+# after a gap, they are searched from the phrase that opens the line (found with str.find): no
+# pattern has a `.*` that would rescan a long line from every start.
+_WEIGHTS = ("Load weight end.", r"avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
+_KV = ("KV Cache is allocated. ", r"#tokens: (\d+)")
+_HOST_POOL = ("", r"hierarchical KV host pool: (\d+) tokens")
+_POOL_END = ("", r"Memory pool end\. avail mem=([\d.]+) GB")
 _RANK = r"\bTP(\d+)\b"
+SIZING_PATTERNS = (_RANK, *(p for _, p in (_WEIGHTS, _KV, _HOST_POOL, _POOL_END)))
 # Bounds of the record file: a few launches per deployment, a few deployments per instance.
 RECORDS_PER_DEPLOYMENT = 4
 RECORDS_MAX = 32
@@ -52,24 +55,31 @@ class SizingLog:
 
     def __init__(self) -> None:
         self._ranks: dict[int, dict[str, int]] = {}
-        self._rank, self._weights, self._kv, self._host_pool, self._pool_end = (
-            re.compile(p) for p in (_RANK, _WEIGHTS, _KV, _HOST_POOL, _POOL_END)
-        )
+        self._rank = re.compile(_RANK)
+        self._phrases = [
+            (phrase, re.compile(p)) for phrase, p in (_WEIGHTS, _KV, _HOST_POOL, _POOL_END)
+        ]
+
+    def _found(self, line: str, which: int) -> re.Match[str] | None:
+        """The numbers of the `which`-th kind of sizing line, after its opening phrase."""
+        phrase, pattern = self._phrases[which]
+        at = line.find(phrase)
+        return None if at == -1 else pattern.search(line, at + len(phrase))
 
     def feed(self, line: str) -> None:
         if "mem" not in line and "tokens" not in line:
             return  # the common case: not a sizing line
         rank_match = self._rank.search(line)
         rank = self._ranks.setdefault(int(rank_match.group(1)) if rank_match else 0, {})
-        if (m := self._weights.search(line)) is not None:
+        if (m := self._found(line, 0)) is not None:
             avail, usage = float(m.group(1)), float(m.group(2))
             rank["pre_load_free_bytes"] = int((avail + usage) * GiB)
             rank["weights_bytes"] = int(usage * GiB)
-        elif (m := self._kv.search(line)) is not None:
+        elif (m := self._found(line, 1)) is not None:
             rank["device_tokens"] = int(m.group(1))
-        elif (m := self._host_pool.search(line)) is not None:
+        elif (m := self._found(line, 2)) is not None:
             rank["host_pool_tokens"] = rank.get("host_pool_tokens", 0) + int(m.group(1))
-        elif (m := self._pool_end.search(line)) is not None:
+        elif (m := self._found(line, 3)) is not None:
             rank["free_after_pools_bytes"] = int(float(m.group(1)) * GiB)
 
     def measurement(self) -> Measurement:
