@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from supervisor.core.clip import clip
 from supervisor.core.log_text import (
     journal_line,
     journal_stream_matches,
@@ -25,6 +26,10 @@ from supervisor.core.redact import Redactor
 # (API keys, the values of secret-named variables of its environment and the server's) and the
 # shapes of the ones it does not (core/redact.py). Replaced by register_secrets.
 _redactor = Redactor()
+# A string value longer than this is cut (head and tail kept) before it is masked: a value a
+# client sent, or a traceback, must not make a log call's work grow without bound. Four times a
+# server line (adapters/output_lines.py), so that a line is never cut twice.
+MAX_VALUE_CHARS = 64 << 10
 
 
 def register_secrets(values: Iterable[str]) -> None:
@@ -34,9 +39,10 @@ def register_secrets(values: Iterable[str]) -> None:
 
 
 def scrub(value: Any) -> Any:
-    """`value` with every string in it (nested lists and dicts included) redacted."""
+    """`value` with every string in it (nested lists and dicts included) cut to MAX_VALUE_CHARS
+    and redacted."""
     if isinstance(value, str):
-        return _redactor(value)
+        return _redactor(clip(value, MAX_VALUE_CHARS))
     if isinstance(value, dict):
         return {k: scrub(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

@@ -71,3 +71,19 @@ def test_a_failing_sink_neither_breaks_logging_nor_the_other_sinks(
     assert sup_log.sink_errors == before + 1
     assert seen[-1]["event"] == "fatal"
     assert json.loads(stream.getvalue().splitlines()[-1])["reason"] == "x"
+
+
+def test_a_huge_value_is_cut_before_it_is_masked(
+    captured: tuple[list[dict[str, Any]], io.StringIO],
+) -> None:
+    """A client's megabyte value costs a bounded log call: head and tail kept, the cut said."""
+    seen, _stream = captured
+    sup_log.register_secrets(["hf_supersecret_value"])
+    value = "hf_supersecret_value " + "x" * (1 << 20) + " api_key='tail-secret'"
+    structlog.get_logger("t").warning("client_said", what=value, nested={"list": [value]})
+    (event,) = seen
+    for shown in (event["what"], event["nested"]["list"][0]):
+        assert len(shown) < sup_log.MAX_VALUE_CHARS + 40
+        assert shown.startswith("*** xxx")
+        assert shown.endswith("api_key='***'")
+        assert f"[cut {len(value) - sup_log.MAX_VALUE_CHARS} chars]" in shown
