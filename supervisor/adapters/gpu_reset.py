@@ -6,14 +6,13 @@ Implements ports.GpuResetter; whether a reset may run at all is core.gpu_repair'
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
 from supervisor.core.gpu_release import ResetOutcome
 from supervisor.core.gpu_repair import reset_words
-from supervisor.core.redact import redact_line
+from supervisor.core.redact import redact_command, redact_line
 
 _OUTPUT_CHARS = 500  # enough for nvidia-smi's one-line verdict, bounded for logs and incidents
 
@@ -51,7 +50,7 @@ class CommandGpuResetter:
 
     def reset(self, index: int, uuid: str, indices: Sequence[int] = ()) -> ResetOutcome:
         argv = reset_argv(self.template, index, uuid, indices)
-        shown = redact_line(shlex.join(argv))  # a hypervisor hook may carry a token
+        shown = redact_command(argv)  # a hypervisor hook may carry a token
         try:
             done = subprocess.run(  # operator-configured command, run without a shell
                 argv,

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import queue
-import shlex
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from typing import Any
 import structlog
 
 from supervisor.core.hooks import HookCall, hook_call
+from supervisor.core.redact import redact_command
 from supervisor.errors import ExitCode
 
 log = structlog.get_logger("supervisor.hooks")
@@ -100,7 +100,7 @@ class HookRunner:
     def _run(self, call: HookCall, event_json: str) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
         env[EVENT_ENV] = event_json
-        shown = shlex.join(call.argv)
+        shown = redact_command(call.argv)  # its output is masked with the log's secrets
         timeout_s = self.timeout_s
         try:
             proc = subprocess.Popen(  # the operator's command, run without a shell

@@ -28,11 +28,12 @@ from supervisor.core.bounded import parse_json
 from supervisor.core.checks import FitReport, Status
 from supervisor.core.ledger import Reservation
 from supervisor.core.ports import ReservationBook
-from supervisor.core.redact import redact_line
+from supervisor.core.redact import redact_words
 from supervisor.core.sglang_args import redact_argv
 from supervisor.core.shrink import override_expired
 from supervisor.core.units import format_bytes
 from supervisor.errors import ConfigError, ExitCode, ServerArgsRejected
+from supervisor.log import scrub
 from supervisor.run.state import STATE_FILE, RunState
 
 
@@ -148,18 +149,22 @@ def preview(settings: RunSettings) -> dict[str, Any]:
             "reason": state.override_reason,
             **override_times(state, expires_s),
         }
-    return {
-        "instance": settings.instance,
-        "state_dir": str(settings.state_dir),
-        "state_note": state_note,
-        "command": [redact_line(t) for t in redact_argv(settings.server_command)],
-        "argv": list(redact_argv(argv)),
-        "group": _group(settings),
-        "override": override,
-        "preflight": _preflight(fit),
-        "environment": environment(settings),
-        "limits": limits(settings, fit, settings.reader.plan(argv)),
-    }
+    # Masked as the log is (the secrets registered): a hook's token, a secret in the command.
+    view: dict[str, Any] = scrub(
+        {
+            "instance": settings.instance,
+            "state_dir": str(settings.state_dir),
+            "state_note": state_note,
+            "command": list(redact_words(redact_argv(settings.server_command))),
+            "argv": list(redact_argv(argv)),
+            "group": _group(settings),
+            "override": override,
+            "preflight": _preflight(fit),
+            "environment": environment(settings),
+            "limits": limits(settings, fit, settings.reader.plan(argv)),
+        }
+    )
+    return view
 
 
 def _group(settings: RunSettings) -> dict[str, Any] | None:
@@ -241,7 +246,7 @@ def limits(settings: RunSettings, fit: FitReport | None, plan: Any) -> dict[str,
             "shrink_expires_s": dog.shrink_expires_s or None,
         },
         "hooks": {
-            **{k: [redact_line(w) for w in v] or None for k, v in hooks.commands().items()},
+            **{k: list(redact_words(v)) or None for k, v in hooks.commands().items()},
             "timeout_s": hooks.timeout_s,
         },
     }
@@ -340,8 +345,8 @@ def check_config(config_path: Path, as_json: bool) -> int:
     """
     from supervisor.commands.run import build_settings
     from supervisor.config import load_config
-    from supervisor.core.redact import secret_values
     from supervisor.log import configure_logging, register_secrets
+    from supervisor.run.reload import secrets_of
 
     configure_logging("json" if as_json else "console", "warning")
     try:
@@ -358,8 +363,7 @@ def check_config(config_path: Path, as_json: bool) -> int:
     problem = start_problem(settings)
     if problem is not None:
         raise ConfigError(problem)
-    env = {**os.environ, **settings.config.server.env}
-    register_secrets(secret_values(settings.reader.plan(settings.server_args), env))
+    register_secrets(secrets_of(settings))
     view = preview(settings)
     if as_json:
         click.echo(json.dumps({"config": str(config_path), "ok": True, **view}))

@@ -171,8 +171,10 @@ def redact_words(words: Sequence[str]) -> tuple[str, ...]:
 
 def redact_command(words: Sequence[str]) -> str:
     """A command as shown in events and reports: its words masked and joined as a shell would
-    read them."""
-    return redact_line(shlex.join(redact_words(words)))
+    read them (a mask is not quoted for the `*` in it: `--token ***`, not `--token '***'`)."""
+    stand_in = "MASKEDVALUE7f3a"  # a word shlex leaves bare
+    quoted = (shlex.quote(w.replace(MASK, stand_in)) for w in redact_words(words))
+    return redact_line(" ".join(quoted).replace(stand_in, MASK))
 
 
 def command_secrets(words: Sequence[str]) -> tuple[str, ...]:

@@ -8,7 +8,6 @@ health read at all). A GPU that only a reset can fix names the configured reset 
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from supervisor.core.gpu_health import (
     nvlink_peer_sets,
 )
 from supervisor.core.gpu_repair import reset_words, resets_peer_sets
-from supervisor.core.redact import redact_line
+from supervisor.core.redact import redact_command
 
 if TYPE_CHECKING:  # a type only: core.ports brings the run loop's events and classifier
     from supervisor.core.ports import GpuSensor
@@ -66,7 +65,7 @@ def reset_offer(gpu: GpuConfig, verdict: GpuVerdict, snapshot: HealthSnapshot) -
     if resets_peer_sets(gpu.reset_command):
         peers = nvlink_peer_sets([verdict.index], snapshot.nvlink)[0]
     words = reset_words(gpu.reset_command, verdict.index, verdict.uuid, peers)
-    return f"reset it: {redact_line(shlex.join(words))} (gpu reset_command), or reboot the node"
+    return f"reset it: {redact_command(words)} (gpu reset_command), or reboot the node"
 
 
 def health_checks(

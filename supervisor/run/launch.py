@@ -35,7 +35,7 @@ from supervisor.core.ports import (
     Reservations,
     ServerLauncher,
 )
-from supervisor.core.redact import redact_env, redact_line
+from supervisor.core.redact import redact_env, redact_line, redact_words
 from supervisor.core.sglang_args import LaunchPlan, redact_argv, with_flag_value
 from supervisor.errors import ConfigError, PreflightFailed
 from supervisor.preflight import run_preflight
@@ -104,7 +104,7 @@ def server_env(
 def describe_settings(settings: RunSettings, plan: LaunchPlan) -> dict[str, Any]:
     """The effective settings for the one `settings` log event, secrets redacted."""
     return {
-        "server_command": [redact_line(t) for t in redact_argv(settings.server_command)],
+        "server_command": list(redact_words(redact_argv(settings.server_command))),
         "server_args": list(redact_argv(settings.server_args)),
         "sglang_rules": settings.reader.rules.describe,
         "sglang_config_file": settings.reader.yaml_path,

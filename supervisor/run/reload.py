@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -152,10 +153,17 @@ def put_in_force(runner: Runner, new: RunSettings, plan: ReloadPlan) -> None:
 
 
 def secrets_of(settings: RunSettings) -> tuple[str, ...]:
-    """Every secret of these settings: the server's (argv, environment) and the group token."""
+    """Every secret of these settings: the server's (argv, environment), those in the operator's
+    commands (the GPU reset command, the hooks) and the group token."""
     plan = settings.reader.plan(settings.server_args)
     env = {**os.environ, **settings.config.server.env}
-    return (*secret_values(plan, env), *group_secrets(settings.config, settings.group))
+    commands = [*settings.config.hooks.commands().values()]
+    if settings.config.gpu.reset_command:
+        commands.append(tuple(shlex.split(settings.config.gpu.reset_command)))
+    return (
+        *secret_values(plan, env, commands),
+        *group_secrets(settings.config, settings.group),
+    )
 
 
 def _check_same_gpus(runner: Runner, new: RunSettings) -> None:

@@ -11,7 +11,6 @@ server's state (one event per change, run_id bound).
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any
 
@@ -31,7 +30,7 @@ from supervisor.core.events import (
 from supervisor.core.lifecycle import ServerState, check_transition
 from supervisor.core.measured import SizingLog
 from supervisor.core.ports import LaunchedServer
-from supervisor.core.redact import Redactor, secret_values
+from supervisor.core.redact import Redactor
 from supervisor.core.sglang_args import redact_argv
 from supervisor.errors import SupervisorError
 from supervisor.run import group_mode, launch, override, reload, restart
@@ -96,9 +95,9 @@ class Runner:
         self.run_id = ""
         self.state = ServerState.STOPPED
         self.budget = restore_budget(store.load(), self.run_cfg.backoff_policy(), io.clock)
-        # The server inherits this process's environment too (systemd's Environment=).
-        environment = {**os.environ, **settings.config.server.env}
-        self.redact = Redactor(secret_values(self.plan, environment))
+        # Every secret `run` knows: the server's, the inherited environment's (systemd's
+        # Environment=), the operator's commands' and the group token.
+        self.redact = Redactor(reload.secrets_of(settings))
         self._last_ping_s = self._last_reap_s = self._last_pin_s = float("-inf")
         self.launched_argv: tuple[str, ...] | None = None
 
