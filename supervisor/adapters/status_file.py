@@ -69,11 +69,24 @@ class StatusPublisher:
             return self._status
 
     def feed(self, event: Mapping[str, Any]) -> None:
-        """The log tap's sink: fold the event in; write now when the state changed."""
+        """The log tap's sink: fold the event in; write now when the state changed.
+
+        The fold (a server line's load progress is parsed there) runs before the lock is taken,
+        on the status as it was: the output pump's thread never holds the lock that the
+        watchdog's, the runner's and the load reporter's own events need while it parses a
+        line. Folded again under the lock when another event came in between (a line that
+        changed nothing of the status it saw is dropped: the next redraw tells the same).
+        """
+        now_s = self._wall()
+        before = self._status
+        new = fold(before, event, now_s)
+        if new is before:
+            return
         with self._lock:
-            new = fold(self._status, event, self._wall())
-            if new is self._status:
-                return
+            if self._status is not before:
+                new = fold(self._status, event, now_s)
+                if new is self._status:
+                    return
             self._status, self._dirty = new, True
             changed = new.key() != self._written_key
             if changed or self._monotonic() - self._written_at >= self.min_interval_s:

@@ -8,6 +8,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from supervisor.adapters.status_file import (
     STATUS_FILE,
     StatusPublisher,
@@ -79,6 +81,34 @@ def test_state_changes_are_written_at_once_and_the_rest_at_most_every_two_second
     pub.close()  # the end of the run: whatever changed is written
     assert on_disk(tmp_path)["load_progress"]["done"] == 4
     assert pub.snapshot().load is not None
+
+
+def test_a_server_line_is_parsed_without_the_lock_the_other_threads_events_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The output pump's thread folds its line (the load meter's parse) before it takes the
+    lock; another event folded in meanwhile makes it fold again under the lock."""
+    from supervisor.adapters import status_file
+    from supervisor.core import status
+
+    pub = publisher(tmp_path, Clocks())
+    pub.feed({"event": "launching", "run_id": "r1", "argv": []})
+    held_while_folding: list[bool] = []
+    real_fold = status.fold
+
+    def fold(seen: Any, event: Any, now_s: float) -> Any:
+        held_while_folding.append(pub._lock.locked())
+        if len(held_while_folding) == 1:  # another thread's event lands in between
+            pub._status = real_fold(seen, {"event": "loading"}, now_s)
+        return real_fold(seen, event, now_s)
+
+    monkeypatch.setattr(status_file, "fold", fold)
+    pub.feed(meter(3))
+    assert held_while_folding == [False, True]
+    snapshot = pub.snapshot()
+    assert snapshot.server_state == "loading"  # the event in between is kept
+    assert snapshot.load is not None
+    assert snapshot.load.done == 3
 
 
 def test_an_unwritable_directory_counts_an_error_and_never_raises(tmp_path: Path):
