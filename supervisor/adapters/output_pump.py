@@ -16,7 +16,12 @@ class OutputPump:
 
     The reader thread only reads, counts, redacts and keeps the tail; lines go to `sink` through a
     bounded queue drained by a second thread, so a slow log consumer (journald) drops lines
-    (counted) instead of filling the pipe and stalling SGLang.
+    (counted) instead of filling the pipe and stalling SGLang. The queue is bounded in lines and
+    in characters: lines are cut to 16 KiB where they are read (adapters/output_lines.py), and
+    10,000 of them would still be 160 MiB.
+
+    Nothing here is held while a line is parsed or masked: the lock only guards the tail's
+    append and copy, so `tail()` (the death classification, an incident) never waits on a line.
     """
 
     def __init__(
@@ -26,6 +31,7 @@ class OutputPump:
         redact: Callable[[str], str],
         tail_lines: int = 200,
         queue_lines: int = 10_000,
+        queue_chars: int = 4 << 20,
     ) -> None:
         self._stream = stream
         self._sink = sink
@@ -35,6 +41,11 @@ class OutputPump:
         self._lock = threading.Lock()
         self.lines = 0
         self.dropped = 0
+        self._queue_chars = queue_chars
+        # Characters put in (by the reader) and taken out (by the writer): each counter has one
+        # writing thread, so their difference needs no lock.
+        self._chars_in = 0
+        self._chars_out = 0
         self._reader = threading.Thread(target=self._read, name="server-output", daemon=True)
         self._writer = threading.Thread(target=self._write, name="server-log", daemon=True)
 
@@ -49,8 +60,12 @@ class OutputPump:
                 with self._lock:
                     self._tail.append(line)
                     self.lines += 1
+                if self._chars_in - self._chars_out + len(line) > self._queue_chars:
+                    self.dropped += 1
+                    continue
                 try:
                     self._queue.put_nowait(line)
+                    self._chars_in += len(line)
                 except queue.Full:
                     self.dropped += 1
         finally:
@@ -59,6 +74,7 @@ class OutputPump:
 
     def _write(self) -> None:
         while (line := self._queue.get()) is not None:
+            self._chars_out += len(line)
             self._sink(line)
 
     def tail(self) -> tuple[str, ...]:

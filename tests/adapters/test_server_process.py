@@ -167,3 +167,27 @@ def test_a_cgroup_removed_under_us_falls_back_to_signals(tmp_path: Path):
         assert status.signal_number == 9
     finally:
         server.close()
+
+
+def test_the_pump_s_queue_is_bounded_in_characters_too():
+    """Long lines fill the queue by their size, not their count: a stuck sink holds at most
+    queue_chars of them."""
+    read_fd, write_fd = os.pipe()
+    release = threading.Event()
+    taken: list[str] = []
+
+    def slow_sink(line: str) -> None:
+        release.wait(10)
+        taken.append(line)
+
+    pump = OutputPump(os.fdopen(read_fd, "rb"), slow_sink, redact=str, queue_chars=3000)
+    pump.start()
+    with os.fdopen(write_fd, "wb") as writer:
+        for i in range(20):
+            writer.write(f"{i:04d}".encode() + b"x" * 996 + b"\n")  # 1,000 characters each
+    wait_until(lambda: pump.lines == 20, timeout_s=10, what="all lines read")
+    release.set()
+    pump.join(5)
+    # The first one the sink took at once, then three queued: the other sixteen dropped.
+    assert 16 <= pump.dropped <= 17
+    assert len(taken) == 20 - pump.dropped
