@@ -90,6 +90,12 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                            ACTION / NAME for "recovery-action" / "unsupported"), and carries on
     dist_timeout_s         60    rendezvous timeout (below; --dist-timeout N wins, as in SGLang)
     nccl_timeout_s         1.0   a rank whose communicator broke hangs after this long (below)
+    output_flood           {after_s 0, line_bytes 1 MiB, word_chars 200000, cjk_chars 8000,
+                            every_s 0.25, rounds -}: from after_s on, the main process prints,
+                           round after round (every_s apart; rounds unset: until it ends), a
+                           line of line_bytes of 1,000-character words (a client's prompt under
+                           --log-requests), one word of word_chars characters, and cjk_chars of
+                           CJK text, none with a space inside (supervisor/testing/flood.py)
 
 Processes (SGLang 0.5.23; supervisor/testing/topology.py): the main process (title unchanged)
 serves HTTP; every child is a multiprocessing "spawn" child; nobody calls setsid, so all share

@@ -27,6 +27,7 @@ from supervisor.testing import endpoints, gpu_state, rendezvous, shm, stopping, 
 from supervisor.testing.args import PROG, SimArgs, SimArgsError, parse_sim_args
 from supervisor.testing.children import ChildSpec, run_child
 from supervisor.testing.endpoints import RankLink
+from supervisor.testing.flood import start_flood
 from supervisor.testing.layout import GB, server_info, size_server
 from supervisor.testing.ranks import RankSpec, log, log_uvicorn
 from supervisor.testing.scenario import Scenario, ScenarioError, parse_scenario
@@ -382,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     log("", f"server_args={shown!r}")
     for line in scenario.log_lines:  # what a library's debug output may reveal (secrets, say)
         log("", os.path.expandvars(line))
+    start_flood(scenario.output_flood)
     try:
         launcher.run()
     finally:

@@ -63,6 +63,18 @@ class GpuFault:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OutputFlood:
+    """Pathological lines the main process prints over and over (supervisor/testing/flood.py)."""
+
+    after_s: float = 0.0
+    line_bytes: int = 1 << 20  # a line of 1,000-character words this long
+    word_chars: int = 200_000  # one word without a space
+    cjk_chars: int = 8000  # CJK text without a space
+    every_s: float = 0.25  # the pause between two rounds
+    rounds: int | None = None  # None: until the process ends
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
     startup_s: float = 0.2
     warmup_s: float = 0.1
@@ -96,6 +108,7 @@ class Scenario:
     gpu_fault: GpuFault | None = None
     dist_timeout_s: float = 60.0  # rendezvous at --dist-init-addr (--dist-timeout wins)
     nccl_timeout_s: float = 1.0  # a broken communicator hangs the survivors after this long
+    output_flood: OutputFlood | None = None  # pathological lines, printed over and over
 
 
 _NUMBER = (int, float)
@@ -140,6 +153,8 @@ def _convert(name: str, annotation: str, value: object) -> object:
         if orphan.kind not in ("setsid", "double_fork"):
             raise ScenarioError(f"FAKE_SGLANG_SCENARIO key {name!r}: kind setsid|double_fork")
         return orphan
+    if annotation.startswith("OutputFlood"):
+        return _build(OutputFlood, name, value)
     if annotation.startswith("GpuFault"):
         return _gpu_fault(name, _build(GpuFault, name, value))
     if annotation.startswith("tuple"):

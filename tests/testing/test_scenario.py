@@ -93,3 +93,21 @@ def test_a_bad_scale_factor_exits_2():
     result = run_fake_to_exit(["--model-path", "m"], env)
     assert result.returncode == 2
     assert "FAKE_SGLANG_BYTES_PER_GB" in result.stderr
+
+
+def test_an_output_flood_is_read_and_its_lines_are_what_it_says():
+    from supervisor.testing.flood import flood_lines
+
+    scenario = parse_scenario(
+        '{"output_flood": {"line_bytes": 5000, "word_chars": 300, "cjk_chars": 20, "rounds": 1}}'
+    )
+    flood = scenario.output_flood
+    assert flood is not None
+    assert flood.rounds == 1
+    line, word, cjk = flood_lines(flood)
+    assert 5000 <= len(line) < 7000
+    assert max(len(w) for w in line.split(" ")) >= 1000  # long words, spaced
+    assert word == "y" * 300
+    assert len(cjk) == 20
+    assert " " not in cjk
+    assert cjk.isalpha()  # every character a word character to \w
