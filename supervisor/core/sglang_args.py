@@ -194,7 +194,7 @@ def parse_launch_args(
         except ValueError as exc:
             hint = f" ({option.reason})" if option.reason else ""
             raise ArgvError(f"{option.names[0]} {shown(raw)}: {exc}{hint}") from None
-    secret_dests = {f.dest for f in rules.table.flags if is_secret_flag(f)}
+    secret_dests = _secret_dests(rules.table)
     plan = LaunchPlan(
         argv=tuple(argv),
         given=frozenset(values),
@@ -274,6 +274,11 @@ def with_flag_value(
 
 
 @functools.lru_cache(maxsize=8)
+def _secret_dests(table: CliTable) -> frozenset[str]:
+    return frozenset(f.dest for f in table.flags if is_secret_flag(f))
+
+
+@functools.lru_cache(maxsize=8)
 def secret_flag_names(table: CliTable | None = None) -> frozenset[str]:
     """Every spelling of every secret flag of the release (sglang_flags.is_secret_flag)."""
     return frozenset(n for f in _table(table).flags if is_secret_flag(f) for n in f.names)
@@ -284,8 +289,9 @@ def redact_argv(argv: Sequence[str], table: CliTable | None = None) -> tuple[str
     replaced by ***, abbreviations and `--flag=value` included."""
     table = _table(table)
     out = list(argv)
+    secret_dests = _secret_dests(table)
     for index, flag, token, value_indexes in option_spans(argv, table):
-        if not is_secret_flag(flag):
+        if flag.dest not in secret_dests:
             continue
         if "=" in token:
             out[index] = token.partition("=")[0] + "=***"
