@@ -127,3 +127,39 @@ def test_the_checker_refuses_quadratic_shapes(name: str):
 )
 def test_the_checker_accepts_linear_shapes(text: str):
     assert problems(re.compile(text)) == []
+
+
+# Lines that made an earlier pattern quadratic (minutes each, the suite's timeout fails them):
+# every reader of server output goes through each, and what it says of them is checked. No
+# time is measured.
+PATHOLOGICAL = {
+    "a 200,000-character word": "x" * 200_000,
+    "200,000 CJK characters": "漢字かな交じり文" * 25_000,
+    "a word run before an equals sign, many times": "ab'cd " * 40_000,
+    "'allocating ' with no host pool": "allocating " * 20_000,
+    "'capture ' with no graph": "capture " * 25_000,
+    "'Load weight end.' with no numbers": "Load weight end. mem " * 10_000,
+    "colons and percents with no meter": ": 5%|" * 40_000 + "x" * 1000,
+    "flags with no values": "--a-token-" * 20_000,
+    "URLs with no user": "a://b:c" * 30_000,
+    "quotes with no end": "'api_key': '" + "v" * 200_000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATHOLOGICAL))
+def test_pathological_lines_pass_through_every_reader(name: str):
+    from supervisor.core.load_progress import LoadProgress, read_meter
+    from supervisor.core.log_phases import read_mark
+    from supervisor.core.measured import SizingLog
+    from supervisor.core.redact import Redactor, redact_line
+
+    line = PATHOLOGICAL[name]
+    assert redact_line(line) == line  # nothing secret in any of them
+    assert Redactor(["sk-not-there-1234"])(line) == line
+    mark = read_mark(line)
+    assert (mark.mark.value if mark else None) == ("weights_loaded" if "weight" in name else None)
+    assert read_meter(line) is None
+    assert LoadProgress.begin(0.0).feed(line, 1.0).done is None
+    sizing = SizingLog()
+    sizing.feed(line)
+    assert not sizing.measurement().complete
