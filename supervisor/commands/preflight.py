@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -205,14 +204,12 @@ def _ledger(config: SupervisorConfig) -> Ledger | None:
     return open_ledger(config.preflight.ledger_dir, config.run.name, planning=planning)
 
 
-# Where --print-args tells the shell to take each secret from: printing the key would leak it,
-# printing *** would launch with the key "***". Plain shell variables of the operator's (SGLang
-# reads no environment variable for its keys).
-SECRET_ENV: dict[str, str] = {
-    "--api-key": "API_KEY",
-    "--admin-api-key": "ADMIN_API_KEY",
-}
-_SECRET_TOKEN = re.compile(r"^(--(?:admin-)?api-key)=")
+def secret_variable(flag: str) -> str:
+    """Where --print-args tells the shell to take a secret flag's value from: printing it would
+    leak it, printing *** would launch with the key "***". A plain shell variable of the
+    operator's named after the flag (SGLang reads no environment variable for its keys):
+    --api-key "$API_KEY", --ssl-keyfile-password "$SSL_KEYFILE_PASSWORD"."""
+    return flag.removeprefix("--").upper().replace("-", "_")
 
 
 def print_launch_line(report: FitReport, argv: tuple[str, ...]) -> int:
@@ -252,31 +249,34 @@ def print_launch_line(report: FitReport, argv: tuple[str, ...]) -> int:
 
 def shell_line(argv: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     """(argv quoted for a POSIX shell with each secret value as "$VARIABLE", those variables)."""
+    from supervisor.core.sglang_args import secret_flag_names
     from supervisor.core.sglang_cli import option_spans
+    from supervisor.core.sglang_flags import is_secret_flag
     from supervisor.core.sglang_versions import rules_for_version
 
     table = rules_for_version(None).cli().table
-    by_dest = {f.dest: name for name in SECRET_ENV if (f := table.flag(name)) is not None}
     words = [shlex.quote(token) for token in argv]
     used: list[str] = []
 
     def reference(flag: str) -> str:
-        if SECRET_ENV[flag] not in used:
-            used.append(SECRET_ENV[flag])
-        return f'"${SECRET_ENV[flag]}"'
+        variable = secret_variable(flag)
+        if variable not in used:
+            used.append(variable)
+        return f'"${variable}"'
 
     for index, flag, token, values in option_spans(argv, table):
-        name = by_dest.get(flag.dest)
-        if name is None:
+        if not is_secret_flag(flag):
             continue
         if "=" in token:
-            words[index] = f"{token.partition('=')[0]}={reference(name)}"
+            words[index] = f"{token.partition('=')[0]}={reference(flag.names[0])}"
         for i in values:
-            words[i] = reference(name)
+            words[i] = reference(flag.names[0])
     # The exact spellings anywhere, as redact_argv catches them (e.g. after a stray "--").
+    names = secret_flag_names(table)
     for i, token in enumerate(argv):
-        if token in SECRET_ENV and i + 1 < len(argv):
+        name, eq, _value = token.partition("=")
+        if token in names and i + 1 < len(argv):
             words[i + 1] = reference(token)
-        elif (match := _SECRET_TOKEN.match(token)) is not None:
-            words[i] = f"{match.group(1)}={reference(match.group(1))}"
+        elif eq and name in names:
+            words[i] = f"{name}={reference(name)}"
     return " ".join(words), tuple(used)

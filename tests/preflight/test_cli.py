@@ -52,6 +52,16 @@ def test_print_args_substitutes_the_safe_size_in_place_and_hides_secrets(capsys)
     assert "export API_KEY" in err
 
 
+def test_print_args_takes_every_secret_flag_from_a_shell_variable(capsys):
+    args = [*KIMI_ARGS, "--ssl-keyfile-password", "pw-s3cret", "--admin-api-key=adm-s3cret"]
+    code, out, err = run(capsys, "preflight", "--print-args", *SEED_FACTS, "--", *args)
+    assert code == 0
+    assert '--ssl-keyfile-password "$SSL_KEYFILE_PASSWORD"' in out
+    assert '--admin-api-key="$ADMIN_API_KEY"' in out
+    assert "s3cret" not in out + err
+    assert "export SSL_KEYFILE_PASSWORD and ADMIN_API_KEY" in err
+
+
 def test_print_args_when_nothing_fits_exits_1(capsys):
     facts = [*SEED_FACTS[2:], "--mem-available", "55GB"]
     code, _out, err = run(capsys, "preflight", "--print-args", *facts, "--", *KIMI_ARGS)
