@@ -2,11 +2,12 @@
 """Benchmark the cost of one pathological server output line (not a test): masking it, reading
 it through the output splitter, and masking it as a log event value. Results: BENCHMARKS.md.
 
-    .venv/bin/python scripts/bench_output.py [--timeout 30] [--source DIR]
+    .venv/bin/python scripts/bench_output.py [--timeout 30] [--repeat 5] [--source DIR]
 
 Each case runs in a child process killed after --timeout seconds ("> N s": it did not finish),
 so that a quadratic version can be measured too: --source names another checkout whose
 `supervisor` package is imported instead of this one (e.g. a `git worktree` of an older commit).
+Each case runs --repeat times in its child; the median is shown.
 
     redact      core/redact.py's shapes over the whole text (no cap: the patterns alone)
     pipeline    the bytes through adapters/output_lines.py (the line cap), decoded, then masked
@@ -55,16 +56,19 @@ elif what == "pipeline":
 else:
     from supervisor import log
     work = lambda: log.scrub({"line": text})
-start = time.perf_counter()
-work()
-print(time.perf_counter() - start)
+times = []
+for _ in range(int(sys.argv[4])):
+    start = time.perf_counter()
+    work()
+    times.append(time.perf_counter() - start)
+print(sorted(times)[len(times) // 2])
 """
 
 
-def measure(source: Path, text_expr: str, what: str, timeout_s: float) -> float | None:
+def measure(source: Path, text_expr: str, what: str, timeout_s: float, repeat: int) -> float | None:
     try:
         done = subprocess.run(
-            [sys.executable, "-c", CHILD, str(source), text_expr, what],
+            [sys.executable, "-c", CHILD, str(source), text_expr, what, str(repeat)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -78,6 +82,7 @@ def measure(source: Path, text_expr: str, what: str, timeout_s: float) -> float 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per case (the median)")
     parser.add_argument("--source", type=Path, default=ROOT, help="checkout to import from")
     parser.add_argument("--json", action="store_true", help="one JSON object per case")
     args = parser.parse_args()
@@ -86,7 +91,7 @@ def main() -> int:
         row: dict[str, object] = {"case": name}
         cells = []
         for what in ("redact", "pipeline", "log value"):
-            seconds = measure(args.source, expr, what, args.timeout)
+            seconds = measure(args.source, expr, what, args.timeout, args.repeat)
             row[what] = seconds
             shown = f"> {args.timeout:g} s" if seconds is None else f"{seconds:.4f} s"
             cells.append(f"{what} {shown}")
