@@ -3,6 +3,7 @@ cgroupfs, and the hybrid path for real (root, cgroup v2 mounted beside v1 memory
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from supervisor.adapters.cgroup import (
     InstanceCgroups,
     ServerCgroup,
     discover,
+    rmdir_group,
 )
 from tests.cgroups import remove_instance_cgroups
 from tests.waiting import wait_until
@@ -174,3 +176,44 @@ def test_a_leftover_in_the_group_is_killed_at_the_next_start(real_groups):
         assert not server.populated()
     finally:
         proc.wait(timeout=10)
+
+
+class _BusyGroup:
+    """A group directory whose rmdir the kernel refuses `busy` times with EBUSY."""
+
+    def __init__(self, tmp_path: Path, busy: int) -> None:
+        self.dir = tmp_path / "group"
+        self.dir.mkdir()
+        self.busy = busy
+        self.tries = 0
+
+    def __truediv__(self, name: str) -> Path:
+        return self.dir / name  # cgroup.procs: absent, so no member is seen
+
+    def rmdir(self) -> None:
+        self.tries += 1
+        if self.tries <= self.busy:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        self.dir.rmdir()
+
+
+def test_an_emptied_group_still_busy_for_a_moment_is_removed_on_a_retry(tmp_path: Path):
+    group = _BusyGroup(tmp_path, busy=3)
+    rmdir_group(group)  # type: ignore[arg-type]  # the duck-typed group stands for a Path
+    assert group.tries == 4
+    assert not group.dir.exists()
+
+
+def test_a_group_busy_for_good_is_an_error_after_the_bounded_wait(tmp_path: Path):
+    group = _BusyGroup(tmp_path, busy=10**9)
+    with pytest.raises(OSError, match="busy"):
+        rmdir_group(group, busy_wait_s=0.05)  # type: ignore[arg-type]
+    assert group.dir.exists()
+
+
+def test_a_group_with_a_live_member_is_not_waited_for(tmp_path: Path):
+    group = _BusyGroup(tmp_path, busy=10**9)
+    (group.dir / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    with pytest.raises(OSError, match="busy"):
+        rmdir_group(group, busy_wait_s=3600)  # type: ignore[arg-type]
+    assert group.tries == 1

@@ -152,6 +152,12 @@ def test_an_orphan_holding_a_gpu_is_found_and_killed(
             timeout_s=10,
             what="orphan started",
         )[0]
+        # Its GPU claim comes a moment after it is a process: the release wait must find it there.
+        wait_until(
+            lambda: orphan in gpu_state.live_holders(gpus, 0),
+            timeout_s=10,
+            what="the orphan holding GPU 0",
+        )
         # The naive kill: only the process group, which misses the setsid child.
         run.server.signal_group(signal.SIGKILL)
         wait_until(
