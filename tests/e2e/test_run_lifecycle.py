@@ -129,6 +129,16 @@ def test_sigkill_of_the_supervisor_takes_the_tree_down_and_the_next_start_cleans
     with supervisor(tmp_path, free_port, simulated_process_guard, server_args=args) as sup:
         sup.wait_event("ready")
         assert len(sup.tree()) >= 3
+        # Ready comes with the first worker warm; the second may still be starting (a spawn
+        # child that dies with its parent before it has a title), as in uvicorn.
+        wait_until(
+            lambda: (
+                sum(t.startswith("sglang::tokenizer_worker") for t in _titles(sup.tree()).values())
+                == 2
+            ),
+            timeout_s=30,
+            what="both tokenizer workers up",
+        )
         sup.signal(signal.SIGKILL)
         sup.wait_exit()
 
