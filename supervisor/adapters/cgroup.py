@@ -4,6 +4,8 @@ Layout, under the cgroup this process started in (P, from /proc/self/cgroup), pe
 
     P/sglang-supervisor.<instance>/supervisor   this process (v2: no processes in inner nodes)
     P/sglang-supervisor.<instance>/server       the server and every descendant, escapees too
+    P/sglang-supervisor.<instance>/helpers/<n>  one operator's command (a hook, a GPU reset)
+                                                and all it starts (adapters/command.py)
 
 cgroup v2 gives `cgroup.procs` (membership), `cgroup.kill` (one atomic SIGKILL of the group,
 Linux >= 5.14; else freeze, kill, thaw), `cgroup.events` (`populated 0` when the tree is gone,
@@ -129,60 +131,25 @@ def _flag(events: str, key: str) -> bool:
     return False
 
 
-class ServerCgroup:
-    """The `server` group of one instance (and its v1 memory twin on a hybrid host)."""
+class Cgroup:
+    """One cgroup v2 directory: who is in it, one kill of all of it, "empty" from the kernel."""
 
-    def __init__(self, group: Path, memory_v1: Path | None, v2_memory: bool) -> None:
+    def __init__(self, group: Path) -> None:
         self.group = group
-        self.memory_v1 = memory_v1
-        self.v2_memory = v2_memory  # memory.stat of the v2 group itself is usable
-
-    @property
-    def mode(self) -> str:
-        if self.v2_memory:
-            return "cgroup v2"
-        if self.memory_v1 is not None:
-            return "cgroup v2 + v1 memory"
-        return "cgroup v2, memory from /proc"
-
-    @property
-    def join_files(self) -> tuple[str, ...]:
-        """The cgroup.procs files a new process writes "0" to, to enter the group(s)."""
-        files = [str(self.group / "cgroup.procs")]
-        if self.memory_v1 is not None:
-            files.append(str(self.memory_v1 / "cgroup.procs"))
-        return tuple(files)
 
     def pids(self) -> list[int]:
         return pids_in(self.group)
 
     def populated(self) -> bool:
+        """Whether a live process is in it or below it (zombies do not count)."""
         try:
             return _flag(_read(self.group / "cgroup.events"), "populated")
         except CgroupError:
             return False  # removed under us: nothing can be left in it
 
-    def charged_bytes(self) -> int | None:
-        """anon + shmem of the whole tree (page cache of mapped weights is never counted);
-        None when only /proc can tell."""
-        if self.v2_memory:
-            stat, keys = self.group / "memory.stat", ("anon", "shmem")
-        elif self.memory_v1 is not None:
-            stat, keys = self.memory_v1 / "memory.stat", ("total_rss", "total_shmem")
-        else:
-            return None
-        try:
-            text = stat.read_text(encoding="ascii")
-        except OSError:
-            return None
-        values = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
-        return sum(int(values.get(k, "0")) for k in keys)
-
-    def pressure_file(self) -> Path:
-        return self.group / "memory.pressure"
-
     def kill(self) -> None:
-        """SIGKILL every process of the group at once (escapees included: they are members).
+        """SIGKILL every process of the group and of the groups below it, at once (escapees
+        included: they are members).
 
         Raises:
             CgroupError: the group is gone or the kernel refused.
@@ -222,6 +189,61 @@ class ServerCgroup:
         finally:
             os.close(fd)
 
+    def remove(self) -> None:
+        """rmdir the group; only an empty group can go, so call after its processes are gone.
+
+        Raises:
+            CgroupError: it is still populated, or the kernel refused.
+        """
+        try:
+            rmdir_group(self.group)
+        except OSError as exc:
+            raise CgroupError(f"removing {self.group}: {exc.strerror}") from None
+
+
+class ServerCgroup(Cgroup):
+    """The `server` group of one instance (and its v1 memory twin on a hybrid host)."""
+
+    def __init__(self, group: Path, memory_v1: Path | None, v2_memory: bool) -> None:
+        super().__init__(group)
+        self.memory_v1 = memory_v1
+        self.v2_memory = v2_memory  # memory.stat of the v2 group itself is usable
+
+    @property
+    def mode(self) -> str:
+        if self.v2_memory:
+            return "cgroup v2"
+        if self.memory_v1 is not None:
+            return "cgroup v2 + v1 memory"
+        return "cgroup v2, memory from /proc"
+
+    @property
+    def join_files(self) -> tuple[str, ...]:
+        """The cgroup.procs files a new process writes "0" to, to enter the group(s)."""
+        files = [str(self.group / "cgroup.procs")]
+        if self.memory_v1 is not None:
+            files.append(str(self.memory_v1 / "cgroup.procs"))
+        return tuple(files)
+
+    def charged_bytes(self) -> int | None:
+        """anon + shmem of the whole tree (page cache of mapped weights is never counted);
+        None when only /proc can tell."""
+        if self.v2_memory:
+            stat, keys = self.group / "memory.stat", ("anon", "shmem")
+        elif self.memory_v1 is not None:
+            stat, keys = self.memory_v1 / "memory.stat", ("total_rss", "total_shmem")
+        else:
+            return None
+        try:
+            text = stat.read_text(encoding="ascii")
+        except OSError:
+            return None
+        values = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+        return sum(int(values.get(k, "0")) for k in keys)
+
+    def pressure_file(self) -> Path:
+        return self.group / "memory.pressure"
+
     def empty_leftovers(self, timeout_s: float = 10.0) -> list[int]:
         """Kill what an earlier supervisor of this instance left in the group (call while
         holding the instance's lock). Returns the PIDs found."""
@@ -233,12 +255,9 @@ class ServerCgroup:
 
     def remove(self) -> None:
         """rmdir the group(s); only empty groups can go, so call after the tree is gone."""
-        for path in (self.group, self.memory_v1):
-            if path is not None:
-                try:
-                    rmdir_group(path)
-                except OSError as exc:
-                    raise CgroupError(f"removing {path}: {exc.strerror}") from None
+        super().remove()
+        if self.memory_v1 is not None:
+            Cgroup(self.memory_v1).remove()
 
 
 class InstanceCgroups:
@@ -249,6 +268,8 @@ class InstanceCgroups:
         self.root = host.v2_dir / f"{PREFIX}{instance}"
         self.supervisor = self.root / "supervisor"
         self.server_dir = self.root / "server"
+        # The operator's commands (hooks, GPU resets), one leaf each (adapters/command.py).
+        self.helpers_dir = self.root / "helpers"
         self.memory_v1 = (
             host.memory_v1_dir / f"{PREFIX}{instance}.server" if host.memory_v1_dir else None
         )
@@ -262,7 +283,7 @@ class InstanceCgroups:
             CgroupError: a group could not be made or entered (the caller falls back to /proc
                 and calls `remove`).
         """
-        for path in (self.root, self.supervisor, self.server_dir):
+        for path in (self.root, self.supervisor, self.server_dir, self.helpers_dir):
             try:
                 path.mkdir(exist_ok=True)
             except OSError as exc:
@@ -302,6 +323,27 @@ class InstanceCgroups:
             return False  # P still holds other processes (v2's no-internal-process rule)
         return (self.server_dir / "memory.stat").exists()
 
+    def empty_helpers(self, timeout_s: float) -> list[int]:
+        """Kill whatever runs in the helpers' groups (a hook or a reset command still running,
+        or one a crashed supervisor of this instance left) and remove their leaves. Returns the
+        PIDs found; a leaf whose processes did not die in time (D state) stays.
+
+        Raises:
+            CgroupError: the kill was refused.
+        """
+        if not self.helpers_dir.is_dir():
+            return []
+        leaves = [Cgroup(path) for path in _subdirs(self.helpers_dir)]
+        found = [pid for leaf in leaves for pid in leaf.pids()]
+        if found:
+            helpers = Cgroup(self.helpers_dir)
+            helpers.kill()  # one write kills every leaf below
+            helpers.wait_empty(timeout_s)
+        for leaf in leaves:
+            with contextlib.suppress(CgroupError):
+                leaf.remove()
+        return found
+
     def remove(self) -> list[str]:
         """Leave our leaf and rmdir every group made here; what could not go is returned."""
         problems = []
@@ -311,7 +353,9 @@ class InstanceCgroups:
                 self._moved = False
             except CgroupError as exc:
                 problems.append(str(exc))
-        for path in _existing((self.server_dir, self.supervisor, self.root, self.memory_v1)):
+        leaves = _subdirs(self.helpers_dir)  # empty by now: their commands were killed
+        groups = (self.helpers_dir, self.server_dir, self.supervisor, self.root, self.memory_v1)
+        for path in _existing((*leaves, *groups)):
             try:
                 rmdir_group(path)
             except OSError as exc:
@@ -344,6 +388,13 @@ def rmdir_group(path: Path, busy_wait_s: float = _RMDIR_BUSY_WAIT_S) -> None:
             if exc.errno != errno.EBUSY or time.monotonic() >= deadline or pids_in(path):
                 raise
         time.sleep(_RMDIR_RETRY_S)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return sorted(p for p in path.iterdir() if p.is_dir())
+    except OSError:
+        return []
 
 
 def _existing(paths: Iterable[Path | None]) -> list[Path]:

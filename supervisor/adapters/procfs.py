@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +148,18 @@ class ProcReader:
             name = wanted.get(key + eq)
             if name is not None:
                 found[name] = value.decode(errors="replace")
+        return found
+
+    def pids_marked(self, name: str, matches: Callable[[str], bool]) -> list[int]:
+        """Live processes (no zombies) whose environment sets `name` to a value `matches`
+        accepts; this process left out. A full scan: one environ read per process."""
+        found = []
+        for pid in self.pids():
+            value = self.environ_value(pid, name) if pid != os.getpid() else None
+            if value is not None and matches(value):
+                stat = self._stat(pid)
+                if stat is not None and stat.state not in "ZX":
+                    found.append(pid)
         return found
 
     def supervisor_mark(self) -> str:

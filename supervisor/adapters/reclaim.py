@@ -1,4 +1,5 @@
-"""Kill single processes and hand their memory back fast: pidfd_open + process_mrelease.
+"""Kill single processes and hand their memory back fast: pidfd_open + process_mrelease; and
+kill every process carrying a mark in its environment, through pidfds (no PID reuse hit).
 
 Best effort: process_mrelease (syscall 448, Linux >= 5.15) frees a SIGKILLed process's anonymous
 memory without waiting for its exit path, which can sit in D state for tens of seconds while the
@@ -11,9 +12,17 @@ import contextlib
 import ctypes
 import errno
 import os
+import select
 import signal
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
+from supervisor.adapters.procfs import ProcReader
+
+# kill_marked: scan-and-kill rounds (a fork bomb is bounded, never a hang), and how long the
+# killed get to be gone.
+_SWEEP_ROUNDS = 10
+KILL_WAIT_S = 5.0
 # Same number on every architecture: syscalls added after 5.x use one shared table.
 _SYS_PROCESS_MRELEASE = 448
 
@@ -83,3 +92,54 @@ def kill_and_reclaim(pid: int) -> bool:
     if fd is not None:
         release_memory([fd])
     return True
+
+
+def kill_marked(proc: ProcReader, name: str, matches: Callable[[str], bool]) -> tuple[int, ...]:
+    """SIGKILL every live process whose environment sets `name` to a value that `matches`,
+    scanning again until a scan finds no new one (what was killed cannot fork any more); then
+    wait until they are gone and reap those that are our children. Returns the PIDs killed.
+    How the supervisor finds what escaped a process group: the marks every descendant
+    inherits (adapters/command.py)."""
+    pidfds: dict[int, int | None] = {}
+    try:
+        for _ in range(_SWEEP_ROUNDS):
+            fresh = [p for p in proc.pids_marked(name, matches) if p not in pidfds]
+            if not fresh:
+                break
+            for pid in fresh:
+                pidfds[pid] = _kill_one(proc, pid, name, matches)
+        _await_gone(fd for fd in pidfds.values() if fd is not None)
+    finally:
+        for fd in pidfds.values():
+            if fd is not None:
+                os.close(fd)
+    return tuple(sorted(pidfds))
+
+
+def _kill_one(proc: ProcReader, pid: int, name: str, matches: Callable[[str], bool]) -> int | None:
+    """SIGKILL `pid` through a pidfd, after checking (through the pidfd's pinned process)
+    that it still carries the mark: a PID reused since the scan is never hit."""
+    fd = open_pidfd(pid)
+    value = proc.environ_value(pid, name)
+    if value is None or not matches(value):
+        if fd is not None:
+            os.close(fd)
+        return None
+    with contextlib.suppress(OSError):
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    return fd
+
+
+def _await_gone(pidfds: Iterable[int], timeout_s: float = KILL_WAIT_S) -> None:
+    """Wait (bounded) until each pidfd's process has exited; reap the ones that are our
+    children (the subreaper's escapees), race-free through the pidfd."""
+    deadline = time.monotonic() + timeout_s
+    for fd in pidfds:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)

@@ -92,3 +92,47 @@ def test_a_leftover_is_killed_at_the_next_start_and_everything_removed_at_the_en
             left.kill()
             left.wait()
         remove_instance_cgroups(instance)  # a failed assertion above must not leave them
+
+
+def test_a_helper_left_running_is_killed_at_the_next_start_and_at_the_end():
+    """A hook or reset command a crashed supervisor left in its helpers' leaf."""
+    import subprocess
+    import sys
+    import uuid
+
+    real_cgroups_or_skip()
+    instance = f"unit-{uuid.uuid4().hex[:8]}"
+    first = contain(instance, "auto", move_self=False)
+    assert first.helpers_dir is not None
+    leaf = first.helpers_dir / "1"
+    started: list[subprocess.Popen[bytes]] = []
+
+    def in_leaf() -> subprocess.Popen[bytes]:
+        leaf.mkdir()
+
+        def join() -> None:
+            with open(leaf / "cgroup.procs", "w") as fh:
+                fh.write("0")
+
+        started.append(
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=join)
+        )
+        return started[-1]
+
+    try:
+        left = in_leaf()
+        again = contain(instance, "auto", move_self=False)
+        assert again.leftovers == [left.pid]
+        assert left.wait(timeout=10) == -9
+        assert not leaf.exists()
+        still = in_leaf()  # running when the supervisor ends
+        release(again)
+        assert still.wait(timeout=10) == -9
+        assert again.groups is not None
+        assert not again.groups.root.exists()
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        remove_instance_cgroups(instance)
