@@ -1,6 +1,7 @@
 """Notification hooks: the operator's commands for `ready`, `fatal` and `incident_written`
-events (earlyoom's -N), run without a shell on a worker thread, each in a session of its own
-that is SIGKILLed whole at its timeout.
+events (earlyoom's -N), run without a shell on a worker thread, each contained by
+adapters/command.py: in a session and (where the host allows) a cgroup of its own, killed whole
+at its timeout, and nothing it started outlives it (a `setsid` child included).
 
 `HookRunner.sink` is a log tap (supervisor/log.add_sink): it is called synchronously by every
 thread that logs, so it only decides (core/hooks.py) and queues; it never logs, and never waits.
@@ -10,19 +11,17 @@ after masking, so a secret in a hook's argv or output is masked there.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
 import shutil
-import signal
-import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
+from supervisor.adapters.command import WAIT_SLACK_S, CommandRunner
 from supervisor.core.hooks import HookCall, hook_call
 from supervisor.core.redact import redact_command
 from supervisor.errors import ExitCode
@@ -30,8 +29,6 @@ from supervisor.errors import ExitCode
 log = structlog.get_logger("supervisor.hooks")
 
 _OUTPUT_CHARS = 2000  # of a hook's output, the end goes into the log
-# systemd's variables are the supervisor's alone (NotifyAccess=main).
-_DROPPED_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 EVENT_ENV = "SGLANG_SUPERVISOR_EVENT"  # the event that called the hook, as JSON
 _EXIT_NAMES = {int(code): code.name.lower() for code in ExitCode}
 
@@ -54,11 +51,17 @@ class HookRunner:
     """Runs the hooks one after another on a daemon thread; `close` waits for those queued."""
 
     def __init__(
-        self, commands: Mapping[str, Sequence[str]], *, instance: str, timeout_s: float
+        self,
+        commands: Mapping[str, Sequence[str]],
+        *,
+        instance: str,
+        timeout_s: float,
+        launcher: CommandRunner | None = None,
     ) -> None:
         self.commands: Mapping[str, Sequence[str]] = dict(commands)
         self.instance = instance
         self.timeout_s = timeout_s
+        self.launcher = launcher or CommandRunner()
         self._queue: queue.SimpleQueue[tuple[HookCall, str] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
@@ -81,7 +84,7 @@ class HookRunner:
     def close(self) -> None:
         """Wait for the queued hooks (each bounded by its timeout), then stop the thread."""
         with self._idle:
-            bound_s = (self._pending + 1) * (self.timeout_s + 1.0)
+            bound_s = (self._pending + 1) * (self.timeout_s + WAIT_SLACK_S)
             self._idle.wait_for(lambda: self._pending == 0, timeout=bound_s)
         self._queue.put(None)
         self._thread.join(1.0)
@@ -98,50 +101,27 @@ class HookRunner:
                     self._idle.notify_all()
 
     def _run(self, call: HookCall, event_json: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
-        env[EVENT_ENV] = event_json
+        # The launcher leaves systemd's variables out: they are the supervisor's alone
+        # (NotifyAccess=main).
+        env = {**os.environ, EVENT_ENV: event_json}
         shown = redact_command(call.argv)  # its output is masked with the log's secrets
         timeout_s = self.timeout_s
-        try:
-            proc = subprocess.Popen(  # the operator's command, run without a shell
-                call.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # its own group: a timeout kills its children too
-            )
-        except OSError as exc:
-            log.error("hook_failed", hook=call.hook, command=shown, error=exc.strerror or str(exc))
+        done = self.launcher.run(
+            call.argv, timeout_s=timeout_s, output_bytes=4 * _OUTPUT_CHARS, env=env
+        )
+        if done.error:
+            log.error("hook_failed", hook=call.hook, command=shown, error=done.error)
             return
-        try:
-            raw, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            try:
-                raw, _ = proc.communicate(timeout=1.0)
-            except subprocess.TimeoutExpired:  # a descendant in a session of its own holds it
-                proc.kill()
-                proc.wait()
-                raw = b""
-            output = raw.decode(errors="replace")[-_OUTPUT_CHARS:]
+        fields: dict[str, Any] = {"output": done.output[-_OUTPUT_CHARS:]}
+        if done.left_pids:  # what it left running, killed when it ended
+            fields["killed_pids"] = list(done.left_pids)
+        if done.timed_out or done.killed:
+            why = f"timed out after {timeout_s:g} s" if done.timed_out else "the supervisor stopped"
+            error = f"{why} (killed)"
+            log.error("hook_failed", hook=call.hook, command=shown, error=error, **fields)
+        elif done.returncode != 0:
             log.error(
-                "hook_failed",
-                hook=call.hook,
-                command=shown,
-                error=f"timed out after {timeout_s:g} s (killed)",
-                output=output,
+                "hook_failed", hook=call.hook, command=shown, exit_code=done.returncode, **fields
             )
-            return
-        output = raw.decode(errors="replace")[-_OUTPUT_CHARS:]
-        if proc.returncode != 0:
-            log.error(
-                "hook_failed",
-                hook=call.hook,
-                command=shown,
-                exit_code=proc.returncode,
-                output=output,
-            )
-            return
-        log.info("hook_done", hook=call.hook, command=shown, output=output)
+        else:
+            log.info("hook_done", hook=call.hook, command=shown, **fields)

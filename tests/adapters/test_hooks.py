@@ -19,6 +19,14 @@ from supervisor import log as sup_log
 from supervisor.adapters.hooks import EVENT_ENV, HookRunner, command_problem
 
 
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
 def script(tmp_path: Path, body: str) -> str:
     path = tmp_path / "hook.py"
     path.write_text(body)
@@ -69,21 +77,42 @@ def test_a_failing_or_missing_hook_is_logged_and_the_next_one_still_runs(tmp_pat
 
 
 def test_a_hook_past_its_timeout_is_killed_with_its_children(tmp_path, simulated_process_guard):
-    """The guard fails the test if the hook's child (it inherits the test's marker) survives."""
+    """A plain child and a `setsid` one (both inherit the test's marker: the guard fails the
+    test if either survives) die with the hook at its timeout."""
+    pids = tmp_path / "pids"
     hangs = script(
         tmp_path,
         "import subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "sleep = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+        "plain = subprocess.Popen(sleep)\n"
+        "own = subprocess.Popen(sleep, start_new_session=True)\n"
+        f"open({str(pids)!r}, 'w').write(f'{{plain.pid}} {{own.pid}}')\n"
         "print('started', flush=True)\n"
         "time.sleep(60)\n",
     )
-    runner = HookRunner({"on_ready": (sys.executable, hangs)}, instance="i", timeout_s=1.0)
+    runner = HookRunner({"on_ready": (sys.executable, hangs)}, instance="i", timeout_s=5.0)
     with capture_logs() as logs:
         runner.sink({"event": "ready"})
         runner.close()
     failed = next(e for e in logs if e["event"] == "hook_failed")
-    assert "timed out after 1 s (killed)" in failed["error"]
+    assert "timed out after 5 s (killed)" in failed["error"]
     assert "started" in failed["output"]
+    children = [int(pid) for pid in pids.read_text().split()]
+    assert sorted(failed["killed_pids"]) == sorted(children)
+    assert not [pid for pid in children if alive(pid)]
+
+
+def test_what_a_hook_leaves_running_is_killed_when_it_ends(tmp_path):
+    pids = tmp_path / "pids"
+    command = ("sh", "-c", 'setsid sleep 60 & echo "$!" > "$0"; echo sent', str(pids))
+    runner = HookRunner({"on_ready": command}, instance="i", timeout_s=30.0)
+    with capture_logs() as logs:
+        runner.sink({"event": "ready"})
+        runner.close()
+    done = next(e for e in logs if e["event"] == "hook_done")
+    assert done["output"].strip() == "sent"
+    assert done["killed_pids"] == [int(pids.read_text())]
+    assert not alive(int(pids.read_text()))
 
 
 def test_secrets_in_a_hook_s_output_are_masked_in_the_log(tmp_path):
