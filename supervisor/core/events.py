@@ -57,6 +57,7 @@ class Wake(str, Enum):
 
     TREE_CHANGED = "tree_changed"  # a process of the server tree exited
     PROBE_DONE = "probe_done"  # a health probe answered
+    WORK_DONE = "work_done"  # work on another thread ended (a GPU reset): run/events.py
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,12 @@ from supervisor.run.death import (
     note_cut,
     wait_tree_gone,
 )
-from supervisor.run.events import EventClock, StopRequested, extension_margin_s
+from supervisor.run.events import (
+    EventClock,
+    StopRequested,
+    extension_margin_s,
+    watchdog_slice_s,
+)
 from supervisor.run.gpu_wait import GpuRelease
 from supervisor.run.leftovers import clean_leftovers
 from supervisor.run.monitor import LaunchMonitor, monitor_for
@@ -77,6 +82,7 @@ class Runner:
             on_signal=self.answer_signal,
             extend=self.notifier.extend_timeout,
             extend_margin_s=extension_margin_s(settings.config.gpu),
+            max_slice_s=watchdog_slice_s(self.notifier.watchdog_interval_s),
         )
         self.plan = settings.reader.plan(settings.server_args)
         self.release = GpuRelease(
@@ -346,13 +352,18 @@ class Runner:
 
     def _feed_watchdog(self) -> None:
         """Every tick, in the loop and in its waits: systemd's watchdog, and the orphans a
-        container's PID 1 must reap (at most once per watchdog interval or second)."""
+        container's PID 1 must reap (at most once a second).
+
+        WATCHDOG=1 goes out once half the notifier's interval (a quarter of WatchdogSec) has
+        passed since the last, and the waits tick at least that often (watchdog_slice_s): a
+        tick late by up to another quarter still keeps every gap within half of WatchdogSec,
+        as sd_watchdog_enabled(3) asks, GPU resets included (they run off the loop)."""
         interval = self.notifier.watchdog_interval_s
         now = self.clock.monotonic()
         if now - self._last_reap_s >= 1.0:
             self.io.processes.reap_orphans()
             self._last_reap_s = now
-        if interval is not None and now - self._last_ping_s >= interval:
+        if interval is not None and now - self._last_ping_s >= interval / 2:
             self.notifier.watchdog()
             self._last_ping_s = now
 

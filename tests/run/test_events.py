@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
+from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.events import (
     QueueEvents,
     install_signal_handlers,
@@ -18,7 +20,14 @@ from supervisor.adapters.events import (
 from supervisor.config import GpuConfig
 from supervisor.core.classify import FailureKind
 from supervisor.core.events import MemoryAction, SignalEvent, WatchdogEvent
-from supervisor.run.events import EXTEND_SLACK_S, EventClock, StopRequested, extension_margin_s
+from supervisor.run.events import (
+    EXTEND_SLACK_S,
+    MAX_SLICE_S,
+    EventClock,
+    StopRequested,
+    extension_margin_s,
+    watchdog_slice_s,
+)
 from tests.fakes import FakeClock, FakeEvents
 
 KILL = WatchdogEvent(
@@ -89,6 +98,34 @@ def test_every_tick_of_a_wait_extends_the_start_timeout_past_the_rest_of_the_wai
     assert all(when + seconds >= 1300.0 + 150.0 for when, seconds in asked)
 
 
-def test_the_margin_covers_a_gpu_reset_and_an_nvml_query_between_two_ticks():
+def test_the_margin_covers_an_nvml_query_between_two_ticks_not_a_reset_that_runs_off_the_loop():
     gpu = GpuConfig(reset_timeout_s=120.0, nvml_timeout_s=5.0)
-    assert extension_margin_s(gpu) == 120.0 + 5.0 + EXTEND_SLACK_S
+    assert extension_margin_s(gpu) == 5.0 + EXTEND_SLACK_S
+
+
+def test_wait_for_returns_once_done_and_a_wake_from_another_thread_is_seen_at_once():
+    """The slice is an hour: only the wake can end the tick's wait before the test's bound."""
+    events = QueueEvents()
+    ticks: list[str] = []
+    waiting = EventClock(
+        SystemClock(), events, on_tick=lambda: ticks.append("tick"), max_slice_s=3600.0
+    )
+    finished = threading.Event()
+
+    def work() -> None:
+        finished.set()
+        waiting.wake()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert waiting.wait_for(finished.is_set, timeout_s=600.0)
+    worker.join()
+    assert ticks  # the watchdog was fed while it waited
+    assert waiting.held == []  # the wake is no event for the loop to keep
+    assert not waiting.wait_for(lambda: False, timeout_s=0.0)  # the timeout: False
+
+
+def test_the_slice_keeps_watchdog_ticks_within_a_quarter_of_watchdogsec():
+    assert watchdog_slice_s(None) == MAX_SLICE_S
+    assert watchdog_slice_s(30.0) == MAX_SLICE_S  # WatchdogSec=60: a tick every second
+    assert watchdog_slice_s(0.2) == 0.1  # WatchdogSec=0.4 s
