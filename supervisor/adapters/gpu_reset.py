@@ -1,15 +1,22 @@
 """Run the configured GPU reset command for one GPU or one NVLink peer set: template with
 {index}, {uuid} and {indices}, split like a shell would but run without one, with a timeout.
 Implements ports.GpuResetter; whether a reset may run at all is core.gpu_repair's decision.
+
+Each reset is contained by adapters/command.py (a session, a mark and, where the host allows, a
+cgroup leaf of its own): at its timeout the command is killed with everything it started, a
+`setsid` child included, and the supervisor's cgroups stay removable. Resets of several GPUs
+run at once from worker threads (run/gpu_repair.py); `close` ends those still running when the
+supervisor stops.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 
+from supervisor.adapters.command import CommandRunner, RunningCommand
 from supervisor.core.gpu_release import ResetOutcome
 from supervisor.core.gpu_repair import reset_words
 from supervisor.core.redact import redact_command, redact_line
@@ -39,35 +46,59 @@ def check_reset_command(template: str) -> str | None:
 
 
 class CommandGpuResetter:
-    """Runs `template` per GPU or peer set; exit 0 within `timeout_s` is success."""
+    """Runs `template` per GPU or peer set; exit 0 within `timeout_s` is success. Safe to call
+    from several threads at once."""
 
     def __init__(
-        self, template: str, *, timeout_s: float = 120.0, env: Mapping[str, str] | None = None
+        self,
+        template: str,
+        *,
+        timeout_s: float = 120.0,
+        env: Mapping[str, str] | None = None,
+        launcher: CommandRunner | None = None,
     ) -> None:
         self.template = template
         self.timeout_s = timeout_s
         self.env = dict(env) if env is not None else None
+        self.launcher = launcher or CommandRunner()
+        self._lock = threading.Lock()
+        self._running: set[RunningCommand] = set()
+        self._closed = False
 
     def reset(self, index: int, uuid: str, indices: Sequence[int] = ()) -> ResetOutcome:
         argv = reset_argv(self.template, index, uuid, indices)
         shown = redact_command(argv)  # a hypervisor hook may carry a token
-        try:
-            done = subprocess.run(  # operator-configured command, run without a shell
-                argv,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-                check=False,
-                env=self.env,
+        with self._lock:
+            if self._closed:
+                return ResetOutcome(ok=False, detail=f"{shown} not run: the supervisor is stopping")
+            command = self.launcher.start(
+                argv, timeout_s=self.timeout_s, output_bytes=4 * _OUTPUT_CHARS, env=self.env
             )
-        except subprocess.TimeoutExpired:
+            self._running.add(command)
+        try:
+            done = command.wait()
+        finally:
+            with self._lock:
+                self._running.discard(command)
+        if done.error:
+            return ResetOutcome(ok=False, detail=f"{shown}: {done.error}")
+        if done.timed_out:
             return ResetOutcome(ok=False, detail=f"{shown} timed out after {self.timeout_s:g} s")
-        except OSError as exc:
-            return ResetOutcome(ok=False, detail=f"{shown}: {exc.strerror or exc}")
-        output = redact_line((done.stdout + done.stderr).strip()[-_OUTPUT_CHARS:])
+        if done.killed:
+            return ResetOutcome(ok=False, detail=f"{shown} killed: the supervisor is stopping")
+        output = redact_line(done.output.strip()[-_OUTPUT_CHARS:])
         if done.returncode != 0:
             return ResetOutcome(
                 ok=False,
                 detail=f"{shown} exited {done.returncode}: {output}",
             )
         return ResetOutcome(ok=True, detail=output)
+
+    def close(self) -> None:
+        """Kill the resets running now, with all they started, and run no more: the supervisor
+        is stopping (their `reset` calls return a failed outcome at once)."""
+        with self._lock:
+            self._closed = True
+            running = list(self._running)
+        for command in running:
+            command.kill()

@@ -122,3 +122,16 @@ def decide_after_release(
             ),
         )
     return ReleaseDecision(action=ReleaseAction.DONE, reason="all target GPUs are free")
+
+
+def reset_status(
+    sets: Sequence[Sequence[int]], ended: Mapping[tuple[int, ...], bool], elapsed_s: float
+) -> str:
+    """systemd's STATUS= while resets run in parallel: which GPUs, how many ended, how long."""
+    gpus = ", ".join(str(i) for group in sets for i in group)
+    failed = sorted(i for group, ok in ended.items() if not ok for i in group)
+    parts = [f"resetting GPU(s) {gpus}: {len(ended)} of {len(sets)} done"]
+    if failed:
+        parts.append(f"failed: {', '.join(map(str, failed))}")
+    parts.append(f"{elapsed_s:.0f} s")
+    return "; ".join(parts)

@@ -48,11 +48,16 @@ class GpuSensor(Protocol):
 
 class GpuResetter(Protocol):
     """Resets one GPU or NVLink peer set (the configured gpu reset_command); tests pass a
-    recording fake."""
+    recording fake. Called from several threads at once: the GPUs are reset in parallel."""
 
     def reset(self, index: int, uuid: str, indices: Sequence[int] = ()) -> ResetOutcome:
         """Run the reset for GPU `index`/`uuid` (`indices`: the whole peer set reset with it);
         never raises, the outcome says what happened."""
+        ...
+
+    def close(self) -> None:
+        """End the resets running now and run no more (the supervisor is stopping): their
+        `reset` calls return soon with a failed outcome."""
         ...
 
 

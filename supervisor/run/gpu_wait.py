@@ -16,12 +16,7 @@ import structlog
 from supervisor.config import GpuConfig
 from supervisor.core.classify import FailureKind
 from supervisor.core.gpu_health import judge_gpus
-from supervisor.core.gpu_release import (
-    GpuCheck,
-    ReleaseAction,
-    ReleaseDecision,
-    decide_release,
-)
+from supervisor.core.gpu_release import GpuCheck, ReleaseAction, ReleaseDecision, decide_release
 from supervisor.core.ports import Clock, GpuResetter, GpuSensor, Processes
 from supervisor.core.readings import GpuState
 from supervisor.core.units import GiB
@@ -51,6 +46,7 @@ class ReleaseLimits:
     # Ollama polls free VRAM every 250 ms after an unload (docs/peers.md): prompt enough to
     # relaunch, cheap enough for an NVML worker.
     poll_interval_s: float = 0.25
+    reset_timeout_s: float = 120.0  # one reset command ([gpu] reset_timeout)
 
     @classmethod
     def from_config(cls, gpu: GpuConfig) -> ReleaseLimits:
@@ -58,6 +54,7 @@ class ReleaseLimits:
             timeout_s=gpu.release_timeout_s,
             d_state_grace_s=gpu.d_state_grace_s,
             tolerance_bytes=gpu.release_tolerance_bytes,
+            reset_timeout_s=gpu.reset_timeout_s,
         )
 
 
@@ -94,8 +91,7 @@ def measure_baselines(sensor: GpuSensor, gpu_indices: Iterable[int]) -> dict[str
     A GPU that lists processes at that moment (leftovers of an earlier run, say) gets no
     baseline: its memory is not idle, and baseline 0 + tolerance is the safe judgement.
     """
-    gpus = sensor.read_gpus()
-    wanted = set(gpu_indices)
+    gpus, wanted = sensor.read_gpus(), set(gpu_indices)
     return {g.uuid: g.used_bytes for g in gpus or () if g.index in wanted and not g.processes}
 
 
@@ -105,6 +101,10 @@ class _Wait:
 
     targets: tuple[int, ...]
     rules: HealthRules
+    limits: ReleaseLimits
+    clock: Clock
+    started: float  # on `clock`
+    status: Callable[[str], object]  # systemd's STATUS= (the resets' progress)
     wanted: tuple[int, ...] = ()  # reset once free, whatever their health reads
     health: tuple[dict[str, object], ...] = ()
     killed: set[int] = dataclasses.field(default_factory=set)
@@ -135,7 +135,6 @@ def _reset(
     wait: _Wait,
     gpus: Sequence[GpuState] | None,
     holders: Holders,
-    elapsed: Callable[[], float],
 ) -> str:
     """Run the resets the decision names (as core.gpu_repair plans them); why not, or ""."""
     done = run_resets(
@@ -146,7 +145,10 @@ def _reset(
         peer_sets=wait.rules.peer_sets,
         reset_at=wait.reset_at,
         reset_failed=wait.reset_failed,
-        elapsed=elapsed,
+        clock=wait.clock,
+        elapsed=lambda: wait.clock.monotonic() - wait.started,
+        reset_timeout_s=wait.limits.reset_timeout_s,
+        status=wait.status,
     )
     if done.health is not None:
         rules = wait.rules
@@ -160,11 +162,11 @@ def _decide(
     gpus: Sequence[GpuState] | None,
     checks: tuple[GpuCheck, ...],
     wait: _Wait,
-    lim: ReleaseLimits,
     elapsed_s: float,
     reset_available: bool,
 ) -> ReleaseDecision:
     """Memory and processes first (core.gpu_release); once free, the GPUs' health."""
+    lim = wait.limits
     lost = lost_target(sensor, checks, gpus)
     if lost is not None:
         return ReleaseDecision(action=ReleaseAction.GIVE_UP, reason=lost)
@@ -217,12 +219,14 @@ def wait_for_gpu_release(
     limits: ReleaseLimits | None = None,
     health: HealthRules | None = None,
     reset: Iterable[int] = (),
+    status: Callable[[str], object] = lambda _text: None,
 ) -> ReleaseResult:
     """Block until no target GPU lists a process of the old run and used memory is back near the
     baseline, killing live holders of ours, waiting for D-state ones, resetting memory held with
     no process; give up after the limits' timeout (+ the D-state grace for D-state holders).
     Then, by `health` (default: not read), the GPUs' health: a GPU reset here must pass the
     gate, one that needs a reset gets it; and the `reset` GPUs are reset whatever it says.
+    Resets run in parallel while `clock` (an EventClock) ticks, their progress told to `status`.
 
     `holders` judges the listed PIDs that are not in `old_pids`, reads their state and kills.
     Returns a ReleaseResult; `ok` False: the GPUs must not be used (raise_if_unrecoverable).
@@ -231,7 +235,7 @@ def wait_for_gpu_release(
     started = clock.monotonic()
     targets = tuple(gpu_indices)
     known_ours = frozenset(old_pids)
-    wait = _Wait(targets=targets, rules=health or HealthRules(), wanted=tuple(reset))
+    wait = _Wait(targets, health or HealthRules(), lim, clock, started, status, tuple(reset))
     if not targets:
         return ReleaseResult(ok=True, reason="no target GPUs watched", elapsed_s=0.0)
     while True:
@@ -244,7 +248,7 @@ def wait_for_gpu_release(
             gpus, targets, known_ours, holders, baselines or {}, lim.tolerance_bytes
         )
         wait.d_seen.update(pid for c in checks for pid in c.d_state)
-        decision = _decide(sensor, gpus, checks, wait, lim, elapsed, resetter is not None)
+        decision = _decide(sensor, gpus, checks, wait, elapsed, resetter is not None)
         if decision.action is ReleaseAction.DONE:
             log.info("gpu_release_done", elapsed_s=round(elapsed, 3), gpus=list(targets))
             return wait.result(checks, True, decision.reason, elapsed)
@@ -253,8 +257,7 @@ def wait_for_gpu_release(
         if decision.action is ReleaseAction.KILL:
             kill_holders(decision.kill_pids, holders.kill, wait.killed)
         elif decision.action is ReleaseAction.RESET and resetter is not None:
-            since = lambda: clock.monotonic() - started  # noqa: E731
-            refusal = _reset(decision, sensor, resetter, wait, gpus, holders, since)
+            refusal = _reset(decision, sensor, resetter, wait, gpus, holders)
             if refusal:
                 return _given_up(wait, checks, refusal, elapsed)
         else:
@@ -384,6 +387,7 @@ class GpuRelease:
             limits=ReleaseLimits.from_config(self.gpu),
             health=self.health,
             reset=reset,
+            status=self.notify_status or (lambda _text: None),
         )
         for hook in self.hooks:
             hook(result)

@@ -1,11 +1,15 @@
-"""adapters.gpu_reset: the reset command template, run without a shell, with a timeout."""
+"""adapters.gpu_reset: the reset command template, run without a shell, with a timeout at
+which it dies with all it started; `close` (a stop) kills the resets running."""
 
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 from supervisor.adapters.gpu_reset import CommandGpuResetter, check_reset_command, reset_argv
+from supervisor.core.gpu_release import ResetOutcome
+from tests.waiting import wait_until
 
 
 def test_index_and_uuid_are_filled_into_each_word_without_a_shell():
@@ -47,11 +51,40 @@ def test_a_failing_command_reports_its_exit_status_and_output():
     assert "in use" in outcome.detail
 
 
-def test_a_hanging_command_times_out():
-    template = f"{sys.executable} -c 'import time; time.sleep(30)'"
-    outcome = CommandGpuResetter(template, timeout_s=0.3).reset(0, "GPU-0")
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+# A reset that hangs, with a plain child and a `setsid` one (their PIDs written to the file).
+HUNG = 'sleep 300 & p=$!; setsid sleep 300 & echo "$p $!" > "$0"; exec sleep 300'
+
+
+def test_a_hanging_command_times_out_and_its_children_setsid_included_die_with_it(tmp_path):
+    pids = tmp_path / "pids"
+    template = f"sh -c '{HUNG}' {pids}"
+    outcome = CommandGpuResetter(template, timeout_s=2.0).reset(0, "GPU-0")
     assert not outcome.ok
-    assert "timed out" in outcome.detail
+    assert "timed out after 2 s" in outcome.detail
+    assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
+
+
+def test_close_kills_the_resets_running_and_refuses_new_ones(tmp_path):
+    pids = tmp_path / "pids"
+    resetter = CommandGpuResetter(f"sh -c '{HUNG}' {pids}", timeout_s=300)
+    outcomes: list[ResetOutcome] = []
+    worker = threading.Thread(target=lambda: outcomes.append(resetter.reset(0, "GPU-0")))
+    worker.start()
+    wait_until(lambda: pids.exists() and pids.read_text().strip(), timeout_s=30, what="children")
+    resetter.close()
+    worker.join(timeout=30)
+    assert [o.ok for o in outcomes] == [False]
+    assert "the supervisor is stopping" in outcomes[0].detail
+    assert not [pid for pid in map(int, pids.read_text().split()) if alive(pid)]
+    assert "not run" in resetter.reset(1, "GPU-1").detail
 
 
 def test_a_missing_program_is_a_failed_outcome_not_an_exception(tmp_path: Path):

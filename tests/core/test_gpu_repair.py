@@ -12,6 +12,7 @@ from supervisor.core.gpu_release import ReleaseAction
 from supervisor.core.gpu_repair import (
     decide_after_release,
     plan_reset,
+    reset_status,
     reset_words,
     resets_peer_sets,
 )
@@ -156,3 +157,12 @@ def test_a_reset_asked_for_without_a_reset_command_ends_the_wait():
     decision = after([OK], wanted=(1,), reset_available=False)
     assert decision.action is ReleaseAction.GIVE_UP
     assert decision.reason == "GPU(s) 1 need a reset and no gpu reset_command is configured"
+
+
+def test_the_status_of_parallel_resets_says_how_many_ended_and_which_failed():
+    sets = [(0,), (1,), (2, 3)]
+    assert reset_status(sets, {}, 0.2) == "resetting GPU(s) 0, 1, 2, 3: 0 of 3 done; 0 s"
+    ended = {(0,): True, (2, 3): False}
+    assert reset_status(sets, ended, 61.6) == (
+        "resetting GPU(s) 0, 1, 2, 3: 2 of 3 done; failed: 2, 3; 62 s"
+    )

@@ -59,6 +59,7 @@ class RecordingResetter:
         self.calls: list[tuple[int, str]] = []
         self.sets: list[tuple[int, ...]] = []  # the `{indices}` of each call
         self.on_reset = on_reset
+        self.closed = False
 
     def reset(self, index: int, uuid: str, indices: Sequence[int] = ()) -> ResetOutcome:
         self.calls.append((index, uuid))
@@ -66,3 +67,6 @@ class RecordingResetter:
         if self.on_reset is not None:
             self.on_reset(index)
         return ResetOutcome(ok=self.ok, detail="" if self.ok else "in use")
+
+    def close(self) -> None:
+        self.closed = True
