@@ -5,7 +5,9 @@ the driver cannot be killed, keeps its NVML handle (which also blocks a GPU rese
 in-process NVML call queues behind the same library lock; a worker process can be abandoned and
 replaced. So: a query that misses its deadline marks the GPU state unknown (None), raises an
 alert, kills the worker, and the next queries answer None at once until `retry_after_s` has
-passed. The memory watchdog never queries: it reads `last_snapshot()`, which never blocks.
+passed (in `run`: core.gpu_release.nvml_retry_after_s, bounded by the release wait's timeout
+and longer with each hang in a row). The memory watchdog never queries: it reads
+`last_snapshot()`, which never blocks.
 
 Worker protocol (stdin/stdout, one JSON line each): "read" -> {"gpus": [...]} or {"gpus": null};
 "events MS" -> {"events": [...], "unwatched": [...]} (adapters/nvml_events.py: the driver events
@@ -95,14 +97,16 @@ class GuardedGpuSensor:
         *,
         timeout_s: float = 5.0,
         start_timeout_s: float = START_TIMEOUT_S,
-        retry_after_s: float = 30.0,
+        retry_after_s: float | Callable[[int], float] = 30.0,
         env: Mapping[str, str] | None = None,
         on_alert: Callable[[str], None] | None = None,
     ) -> None:
         self.module = module
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
+        # Seconds, or a function of how many queries in a row missed their deadline.
         self.retry_after_s = retry_after_s
+        self._hangs_in_a_row = 0
         self.env = dict(env) if env is not None else None
         self.on_alert = on_alert
         self._worker: subprocess.Popen[str] | None = None
@@ -230,14 +234,18 @@ class GuardedGpuSensor:
             self._hung(worker, f"NVML query gave no answer within {deadline:g} s")
             return None
         self._answered = True
+        self._hangs_in_a_row = 0
         return line
 
     def _hung(self, worker: subprocess.Popen[str], why: str) -> None:
         self.hangs += 1
         self._worker = None
         self._abandon(worker)
-        self._retry_at = time.monotonic() + self.retry_after_s
-        log.error("nvml_hung", reason=why, retry_after_s=self.retry_after_s, gpu_state="unknown")
+        self._hangs_in_a_row += 1
+        retry = self.retry_after_s
+        retry_s = retry(self._hangs_in_a_row) if callable(retry) else retry
+        self._retry_at = time.monotonic() + retry_s
+        log.error("nvml_hung", reason=why, retry_after_s=retry_s, gpu_state="unknown")
         if self.on_alert is not None:
             self.on_alert(why)
 

@@ -107,6 +107,25 @@ class ReleaseDecision:
     reset_gpus: tuple[GpuCheck, ...] = ()
 
 
+# After an NVML query missed its deadline the worker is replaced and NVML is left alone for a
+# while: every query meanwhile answers "unknown" at once (adapters/gpu_guard.py).
+NVML_RETRY_MAX_S = 30.0
+
+
+def nvml_retry_after_s(release_timeout_s: float, hangs_in_a_row: int) -> float:
+    """How long NVML is left alone after `hangs_in_a_row` queries in a row missed their deadline.
+
+    A quarter of the release wait at first (at most 30 s): after a short hang, a rank dying in
+    the window would otherwise find every GPU "unknown" for its whole release wait and end the
+    run with exit 6, though NVML answers again; this way the wait asks again about four times.
+    Doubled with each further hang, up to 30 s: a driver that stays hung leaves each new worker
+    stuck in D state, and asking at every tick would pile them up; this way one per 30 s at most.
+    """
+    first_s = min(NVML_RETRY_MAX_S, release_timeout_s / 4)
+    doubled: float = first_s * 2.0 ** min(max(0, hangs_in_a_row - 1), 16)
+    return min(NVML_RETRY_MAX_S, doubled)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResetOutcome:
     """Result of running the reset command for one GPU."""

@@ -5,7 +5,7 @@ supervisor.testing and the simulation is loaded only when asked for."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 # The adapters are imported where a sensor is opened: the pre-flight builds a LazySensor on every
@@ -72,11 +72,15 @@ def guarded_sensor(
     timeout_s: float,
     start_timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
+    retry_after_s: float | Callable[[int], float] = 30.0,
 ) -> GuardedGpuSensor:
     """The sensor `run` uses: NVML (`nvml`) or the simulation (`sim`) in a worker process with
-    a deadline per query (`start_timeout_s` for the first: the worker's import and nvmlInit)."""
+    a deadline per query (`start_timeout_s` for the first: the worker's import and nvmlInit),
+    left alone `retry_after_s` after a hang (a function of the hangs in a row)."""
     from supervisor.adapters.gpu_guard import START_TIMEOUT_S, GuardedGpuSensor
 
     module = SIM_MODULE if backend == "sim" else "pynvml"
     start_s = START_TIMEOUT_S if start_timeout_s is None else start_timeout_s
-    return GuardedGpuSensor(module, timeout_s=timeout_s, start_timeout_s=start_s, env=env)
+    return GuardedGpuSensor(
+        module, timeout_s=timeout_s, start_timeout_s=start_s, env=env, retry_after_s=retry_after_s
+    )

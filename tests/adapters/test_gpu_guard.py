@@ -56,6 +56,34 @@ def test_a_hanging_nvml_call_answers_unknown_within_the_deadline_and_alerts(
         guard.close()
 
 
+def test_the_retry_wait_is_asked_with_the_hangs_in_a_row_and_an_answer_starts_them_over(
+    make_gpu_state: Callable[..., Path],
+):
+    state = make_gpu_state(1)
+    asked: list[int] = []
+
+    def retry_after_s(hangs_in_a_row: int) -> float:
+        asked.append(hangs_in_a_row)
+        return 0.0  # ask again at once: every read below goes to a worker
+
+    guard = GuardedGpuSensor(
+        SIM, env=_sim(state), timeout_s=0.3, start_timeout_s=0.5, retry_after_s=retry_after_s
+    )
+    try:
+        assert guard.read_gpus() is not None
+        gpu_state.set_nvml_hang(state, 3600.0)
+        assert guard.read_gpus() is None
+        assert guard.read_gpus() is None  # a new worker, hung too
+        gpu_state.set_nvml_hang(state, None)
+        assert guard.read_gpus() is not None
+        gpu_state.set_nvml_hang(state, 3600.0)
+        assert guard.read_gpus() is None
+        assert asked == [1, 2, 1]
+    finally:
+        gpu_state.set_nvml_hang(state, None)
+        guard.close()
+
+
 def test_a_worker_that_will_not_exit_at_close_is_killed_and_reaped(
     make_gpu_state: Callable[..., Path],
 ):

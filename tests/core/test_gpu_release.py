@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from supervisor.core.gpu_release import (
+    NVML_RETRY_MAX_S,
     GpuCheck,
     GpuCondition,
     ReleaseAction,
@@ -14,6 +15,7 @@ from supervisor.core.gpu_release import (
     assess_gpu,
     assess_gpus,
     decide_release,
+    nvml_retry_after_s,
 )
 from supervisor.core.readings import GpuProcess, GpuState
 
@@ -202,3 +204,11 @@ def test_sizes_read_with_units_for_humans_and_stay_integers_for_programs():
     assert (data["used_bytes"], data["baseline_bytes"]) == (136_517_718_638, 512 * 1024**2)
     assert data["condition"] == "releasing"
     assert data["detail"] == held.describe()
+
+
+def test_nvml_is_asked_again_within_a_quarter_of_the_release_wait_then_less_often():
+    assert nvml_retry_after_s(120.0, 1) == 30.0  # the default wait: as before
+    assert nvml_retry_after_s(10.0, 1) == 2.5  # a short wait still gets about four tries
+    assert [nvml_retry_after_s(10.0, n) for n in (2, 3, 4, 5)] == [5.0, 10.0, 20.0, 30.0]
+    assert nvml_retry_after_s(10.0, 10**9) == NVML_RETRY_MAX_S  # days of hangs: no overflow
+    assert nvml_retry_after_s(1.0, 0) == 0.25
