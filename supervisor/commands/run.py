@@ -10,6 +10,7 @@ parses and wires the adapters to it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 from collections.abc import Callable, Mapping
@@ -26,7 +27,7 @@ from supervisor.commands.run_options import (
     size_option,
     with_model_facts,
 )
-from supervisor.config import RunSettings, SupervisorConfig, load_config
+from supervisor.config import GpuConfig, RunSettings, SupervisorConfig, load_config
 from supervisor.core.sglang_args import ArgvError
 from supervisor.errors import ConfigError, ExitCode, ServerArgsRejected, SupervisorError
 from supervisor.group.setup import group_contradiction, join_group
@@ -36,8 +37,10 @@ from supervisor.run.state import StateStore, default_state_dir
 
 if TYPE_CHECKING:
     from supervisor.adapters.cgroup import ServerCgroup
+    from supervisor.adapters.command import CommandRunner
     from supervisor.adapters.events import QueueEvents
-    from supervisor.core.ports import GpuSensor, Notifier
+    from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.core.ports import GpuResetter, GpuSensor, Notifier
     from supervisor.group.board import GroupBoard
     from supervisor.memory.guard import MemoryGuard
     from supervisor.run.plugins import ReloadHook
@@ -213,13 +216,14 @@ def build_runner(
     reload_settings: Callable[[], RunSettings] | None = None,
     reload_hooks: tuple[ReloadHook, ...] = (),
     board: GroupBoard | None = None,
+    launcher: CommandRunner | None = None,
 ) -> Runner:
     """The production runner: real processes, HTTP health probes, the system clock. The
-    settings are read again at a SIGHUP by `reload_settings` (None: no config file to read)."""
+    settings are read again at a SIGHUP by `reload_settings` (None: no config file to read).
+    `launcher` runs the GPU reset command contained (default: /proc mode)."""
     from supervisor.adapters import shm
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.credentials import resolve_credentials
-    from supervisor.adapters.gpu_reset import CommandGpuResetter
     from supervisor.adapters.ledger import open_ledger
     from supervisor.adapters.processes import SystemProcesses
     from supervisor.adapters.server_process import SubprocessLauncher
@@ -232,7 +236,6 @@ def build_runner(
     from supervisor.run.runner import Runner
 
     gpu, server = settings.config.gpu, settings.config.server
-
     io = RunnerIO(
         clock=SystemClock(),
         events=events,
@@ -244,11 +247,7 @@ def build_runner(
         notifier=notifier,
         probe_factory=live_probes(lambda: runner.run_cfg),
         sensor=sensor,
-        resetter=(
-            CommandGpuResetter(gpu.reset_command, timeout_s=gpu.reset_timeout_s)
-            if gpu.reset_command
-            else None
-        ),
+        resetter=_resetter(gpu, launcher),
         sweep_shm=shm.sweep,
         # A run is on this host even when its facts are given: it keeps the ledger always.
         reservations=open_ledger(settings.config.preflight.ledger_dir, settings.instance),
@@ -263,12 +262,38 @@ def build_runner(
     return runner
 
 
+def _resetter(gpu: GpuConfig, launcher: CommandRunner | None) -> GpuResetter | None:
+    """The configured GPU reset command, run contained by `launcher`; None without one."""
+    from supervisor.adapters.gpu_reset import CommandGpuResetter
+
+    if not gpu.reset_command:
+        return None
+    return CommandGpuResetter(gpu.reset_command, timeout_s=gpu.reset_timeout_s, launcher=launcher)
+
+
+def _run_sensor(gpu: GpuConfig, backend: str) -> GuardedGpuSensor | None:
+    """`run`'s NVML worker (None: backend none), left alone after a hang for as long as
+    core.gpu_release.nvml_retry_after_s says for this release_timeout."""
+    from supervisor.core.gpu_release import nvml_retry_after_s
+    from supervisor.preflight.sensors import guarded_sensor
+
+    if backend == "none":
+        return None
+    return guarded_sensor(
+        backend,
+        timeout_s=gpu.nvml_timeout_s,
+        start_timeout_s=gpu.nvml_start_timeout_s,
+        retry_after_s=functools.partial(nvml_retry_after_s, gpu.release_timeout_s),
+    )
+
+
 def _run_supervisor(
     settings: RunSettings,
     store: StateStore,
     reload_settings: Callable[[], RunSettings] | None = None,
 ) -> int:
     from supervisor.adapters import events as signals
+    from supervisor.adapters.command import CommandRunner
     from supervisor.adapters.server_process import become_subreaper
     from supervisor.group.setup import leader_board
     from supervisor.run.containment import contain, release
@@ -283,14 +308,19 @@ def _run_supervisor(
     try:
         # Before any child (the NVML worker) starts: it then lives in our own leaf group.
         containment = contain(settings.instance, settings.run.cgroup)
+        # Hooks and GPU resets: each in a leaf of the helpers' group, or found by its mark.
+        launcher = CommandRunner(helpers_dir=containment.helpers_dir, instance=settings.instance)
         try:
             # The leader's board: the group's endpoints on the listener, the decision in the loop.
             board = leader_board(settings.group, settings.config.group, os.environ)
             with serve_metrics(settings, board):  # from before the first launch to the end
                 return _supervise(
-                    settings, store, containment.server, events, reload_settings, board
+                    settings, store, containment.server, events, reload_settings, board, launcher
                 )
         finally:
+            left = launcher.close()  # nothing a hook or a reset started outlives the run
+            if left:
+                structlog.get_logger("supervisor.run").warning("helpers_killed", pids=list(left))
             release(containment)
     finally:
         signals.restore_signal_handlers(previous)
@@ -303,10 +333,10 @@ def _supervise(
     events: QueueEvents,
     reload_settings: Callable[[], RunSettings] | None = None,
     board: GroupBoard | None = None,
+    launcher: CommandRunner | None = None,
 ) -> int:
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.memory.guard import MemoryGuard
-    from supervisor.preflight.sensors import guarded_sensor
     from supervisor.run import launch
     from supervisor.run.hooks import NotificationHooks
     from supervisor.run.status_report import publishing_status
@@ -314,15 +344,12 @@ def _supervise(
     log = structlog.get_logger("supervisor.run")
     gpu = settings.config.gpu
     backend = launch.resolve_gpu_backend(gpu.backend)
-    sensor = None
-    if backend != "none":
-        start_s = gpu.nvml_start_timeout_s
-        sensor = guarded_sensor(backend, timeout_s=gpu.nvml_timeout_s, start_timeout_s=start_s)
+    sensor = _run_sensor(gpu, backend)
     guard = MemoryGuard(
         settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
     )
     notifier = SdNotifier()
-    hooks = NotificationHooks(settings)  # [hooks]: from before the first launch to the end
+    hooks = NotificationHooks(settings, launcher)  # [hooks]: from before the first launch on
     runner = build_runner(
         settings,
         store,
@@ -334,6 +361,7 @@ def _supervise(
         reload_settings=reload_settings,
         reload_hooks=(hooks.reload,),
         board=board,
+        launcher=launcher,
     )
     log.info(
         "settings",

@@ -56,14 +56,17 @@ def contain(instance: str, setting: str, *, move_self: bool = True) -> Containme
     try:
         server = groups.create(move_self=move_self)
         leftovers = server.empty_leftovers(LEFTOVER_WAIT_S)
-        leftovers += groups.empty_helpers(HELPER_WAIT_S)
+        helpers = groups.empty_helpers(HELPER_WAIT_S)
     except CgroupError as exc:
         problems = groups.remove()
         return _proc(f"{exc}" + (f" (and {'; '.join(problems)})" if problems else ""))
-    if leftovers:
-        log.warning("cgroup_leftovers_killed", pids=leftovers, group=str(server.group))
+    for group, pids in ((server.group, leftovers), (groups.helpers_dir, helpers)):
+        if pids:
+            log.warning("cgroup_leftovers_killed", pids=pids, group=str(group))
     log.info("containment", mode=server.mode, group=str(server.group))
-    return Containment(mode=server.mode, server=server, groups=groups, leftovers=leftovers)
+    return Containment(
+        mode=server.mode, server=server, groups=groups, leftovers=leftovers + helpers
+    )
 
 
 def _proc(reason: str) -> Containment:

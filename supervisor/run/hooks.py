@@ -4,18 +4,23 @@
 
 from __future__ import annotations
 
+from supervisor.adapters.command import CommandRunner
 from supervisor.adapters.hooks import HookRunner
 from supervisor.config import RunSettings
 from supervisor.log import add_sink, remove_sink
 
 
 class NotificationHooks:
-    """Started on the tap at construction; `close` waits for the hooks already called."""
+    """Started on the tap at construction; `close` waits for the hooks already called.
+    `launcher` runs each hook contained (adapters/command.py; default: /proc mode)."""
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, settings: RunSettings, launcher: CommandRunner | None = None) -> None:
         hooks = settings.config.hooks
         self.runner = HookRunner(
-            hooks.commands(), instance=settings.instance, timeout_s=hooks.timeout_s
+            hooks.commands(),
+            instance=settings.instance,
+            timeout_s=hooks.timeout_s,
+            launcher=launcher,
         )
         add_sink(self.runner.sink)
 
