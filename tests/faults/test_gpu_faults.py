@@ -127,6 +127,33 @@ def test_nvml_hanging_when_a_rank_dies_is_exit_6_not_a_launch_onto_unread_gpus(
     assert_invariants(tmp_path, sup, shm_record)
 
 
+def test_a_short_nvml_hang_is_over_for_the_release_wait_of_a_death_soon_after(
+    tmp_path: Path,
+    free_port: int,
+    simulated_process_guard: str,
+    shm_record: Path,
+    make_gpu_state: Callable[..., Path],
+):
+    """With release_timeout under 30 s, NVML left alone for a fixed 30 s after a hang made
+    every GPU "unknown" for the whole release wait: exit 6 though NVML answered again."""
+    gpus = make_gpu_state(2)
+    gpu = {"nvml_timeout": "0.3s", "release_timeout": "20s"}
+    with faulted(
+        tmp_path, free_port, simulated_process_guard, overrides={"gpu": gpu}, gpus=gpus
+    ) as sup:
+        sup.wait_event("ready")
+        gpu_state.set_nvml_hang(gpus, 60.0)
+        try:
+            hung = sup.wait_event("nvml_hung")  # the driver-event watch asked, while serving
+        finally:
+            gpu_state.set_nvml_hang(gpus, None)
+        assert hung["retry_after_s"] == 5.0  # a quarter of release_timeout
+        os.kill(sup.schedulers()["sglang::scheduler_TP1"], signal.SIGKILL)
+        recovered(sup)
+        assert sup.events("gpu_release_done")
+    assert_invariants(tmp_path, sup, shm_record)
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_nvml_hung_before_the_first_launch_is_exit_6_or_with_force_a_launch(
     force: bool,
