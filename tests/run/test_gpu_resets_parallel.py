@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from supervisor.adapters.clock import SystemClock
 from supervisor.adapters.events import QueueEvents, signal_event
 from supervisor.core.gpu_release import GpuCheck, GpuCondition, ResetOutcome
+from supervisor.run import gpu_repair
 from supervisor.run.events import EventClock, StopRequested
 from supervisor.run.gpu_repair import Resets, run_resets
 from tests.fakes import FakeClock, ScriptedGpus, gpu
@@ -142,3 +143,32 @@ def test_a_refused_plan_runs_no_reset():
     )
     assert "running processes 4242" in done.refusal
     assert log == []
+
+
+def test_a_reset_that_never_ends_is_failed_at_the_bound_and_the_wait_goes_on(monkeypatch):
+    """Each reset is bounded by its own timeout; this bound is for a bug in one (its worker is
+    left behind, the run ends with exit 6): it must not hold the loop forever."""
+    monkeypatch.setattr(gpu_repair, "RESET_SLACK_S", 0.0)
+    log: list[str] = []
+    resetter = BlockingResetter(log)  # released only after the wait gave up
+    clock = EventClock(SystemClock(), QueueEvents(), max_slice_s=0.01)
+    sensor = ScriptedGpus(FakeClock(), lambda _now: (gpu(0, 0),))
+    failed: dict[int, str] = {}
+    try:
+        with capture_logs() as logs:
+            run_resets(
+                [GpuCheck(index=0, uuid="GPU-0", condition=GpuCondition.RELEASING)],
+                sensor=sensor,
+                resetter=resetter,
+                live={},
+                peer_sets=False,
+                reset_at={},
+                reset_failed=failed,
+                clock=clock,
+                elapsed=clock.monotonic,
+                reset_timeout_s=0.05,
+            )
+    finally:
+        resetter.release.set()
+    assert "did not end within 0.05 s" in failed[0]
+    assert [e["event"] for e in logs] == ["gpu_reset_started", "gpu_reset_failed"]
