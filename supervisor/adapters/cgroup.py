@@ -363,9 +363,8 @@ class InstanceCgroups:
         return problems
 
 
-# A killed task leaves v2's `populated` before it has left every hierarchy: on a hybrid host its
-# v1 memory group (and, for a moment, the v2 group) still refuses rmdir with EBUSY. Seen here
-# in about 1 of 10 kills under load; the rest of the exit takes milliseconds.
+# A killed task leaves v2's `populated` before every hierarchy: its v1 memory group (a hybrid
+# host) may refuse rmdir with EBUSY a moment longer (about 1 kill in 10 under load, here).
 _RMDIR_BUSY_WAIT_S = 5.0
 _RMDIR_RETRY_S = 0.01
 
