@@ -50,6 +50,10 @@ def segments(directory: Path = SHM_DIR) -> tuple[Segment, ...]:
     return tuple(out)
 
 
+def _exists(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
 def sweep(
     seen: Mapping[int, int],
     *,
@@ -67,7 +71,7 @@ def sweep(
         if ticks > 0
     }
     # A zombie is gone too: its segments are as orphaned as a reaped process's.
-    stale = left_by(segments(directory), members, reader.is_running)
+    stale = left_by(segments(directory), members, reader.is_running, _exists)
     removed = freed = 0
     for segment in stale:
         try:

@@ -7,10 +7,17 @@ MessageQueue ring buffers of distributed/device_communicators/shm_broadcast.py; 
 every unlink path and the segments stay, pinned in RAM, until someone removes them (SGLang's own
 sweep runs only in its CI).
 
-A segment is ours to remove only when its creator PID was a process of our tree, seen alive with
+A segment is ours to remove when its creator PID was a process of our tree, seen alive with
 its start time, that process is gone now (a live PID with another start time is a reused PID:
 ours is gone), and the segment is no older than that process (a segment left by an earlier
 process with the same PID is not ours).
+
+A rank that dies within a second of its start may never be seen: /proc is scanned once a tick,
+and a scheduler that fails at init is gone before the next one. Its segment is removed too when
+its creator PID names no process at all now and the segment was made while our tree lived (no
+earlier than its first member's start). Such a segment could belong to another server's rank
+that died at the same time; removing it is harmless, as SGLang opens a ring buffer by name only
+while its creator lives, and a tree whose rank died is being torn down anyway.
 """
 
 from __future__ import annotations
@@ -57,15 +64,23 @@ def left_by(
     segments: Iterable[Segment],
     members: Mapping[int, Member],
     is_alive: Callable[[int, int], bool],
+    exists: Callable[[int], bool] | None = None,
 ) -> tuple[Segment, ...]:
-    """The segments made by a member of our tree that is dead now (is_alive(pid, ticks))."""
+    """The segments made by a member of our tree that is dead now (is_alive(pid, ticks)), and,
+    given `exists(pid)`, those made during the tree's life by a PID that is no process now."""
+    tree_started_at_s = min((m.started_at_s for m in members.values()), default=None)
     out = []
     for segment in segments:
         pid = creator_pid(segment.name)
-        member = members.get(pid) if pid is not None else None
-        if member is None or is_alive(member.pid, member.start_ticks):
+        if pid is None:
             continue
-        if segment.made_at_s < member.started_at_s:
+        member = members.get(pid)
+        if member is None:
+            if exists is None or tree_started_at_s is None or exists(pid):
+                continue
+            if segment.made_at_s < tree_started_at_s:
+                continue
+        elif is_alive(member.pid, member.start_ticks) or segment.made_at_s < member.started_at_s:
             continue
         out.append(segment)
     return tuple(out)

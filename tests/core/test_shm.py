@@ -52,3 +52,22 @@ def test_a_member_s_reused_pid_does_not_protect_its_segments():
     # PID 10 runs again, with another start time: ours is gone.
     left = left_by([seg("sgl_shm_mq_10_aaaa")], members, lambda pid, ticks: ticks == 99)
     assert len(left) == 1
+
+
+def test_a_rank_never_seen_leaves_segments_that_go_when_its_pid_is_no_process_now():
+    """A scheduler that failed at init between two /proc scans: its PID is not a member."""
+    members = {10: Member(pid=10, start_ticks=1, started_at_s=900.0)}  # the main process
+    existing = {10, 14}
+    segments = [
+        seg("sgl_shm_mq_13_aaaa", made_at_s=950.0),  # made during the tree's life, 13 is gone
+        seg("sgl_shm_mq_14_bbbb", made_at_s=950.0),  # 14 lives: maybe another server's rank
+        seg("sgl_shm_mq_15_cccc", made_at_s=850.0),  # made before our tree began
+        seg("nccl-13", made_at_s=950.0),  # no PID in its name: never judged
+    ]
+    left = left_by(segments, members, lambda pid, ticks: pid in existing, existing.__contains__)
+    assert [s.name for s in left] == ["sgl_shm_mq_13_aaaa"]
+
+
+def test_without_a_process_table_only_members_segments_are_judged():
+    members = {10: Member(pid=10, start_ticks=1, started_at_s=900.0)}
+    assert left_by([seg("sgl_shm_mq_13_aaaa")], members, lambda pid, ticks: False) == ()
