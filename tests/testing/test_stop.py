@@ -5,8 +5,10 @@ Each test waits on what the server shows (log lines, HTTP answers, process state
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
+import subprocess
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import psutil
@@ -22,6 +24,18 @@ LAUNCH_SIGQUIT = "Received sigquit from a child process. It usually means the ch
 
 def _up(server: FakeServer) -> None:
     wait_until(lambda: server.status() == 200, what="server up (/health 200)")
+
+
+def _exit_status(server: FakeServer, timeout_s: float = 30.0) -> int:
+    """The main process's exit status; on a timeout, the failure shows what the tree was doing."""
+    try:
+        return server.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        tree = []
+        for proc in psutil.Process(server.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                tree.append(f"{proc.pid} {proc.status()} {' '.join(proc.cmdline())[:60]}")
+        pytest.fail(f"server still running: {tree}; log tail: {server.log_text()[-3000:]}")
 
 
 def _gone(procs: list[psutil.Process]) -> bool:
@@ -120,7 +134,7 @@ def test_a_child_has_no_handler_and_the_watchdog_reports_it(start_fake_server, s
     _up(server)
     rank = server.titled()["sglang::scheduler_TP1"]
     rank.send_signal(sig)
-    assert server.proc.wait(timeout=30) == -signal.SIGKILL
+    assert _exit_status(server) == -signal.SIGKILL
     log = server.log_text()
     assert (
         f"Subprocess scheduler_1 (pid={rank.pid}) crashed with exit code {code}. "
