@@ -128,12 +128,15 @@ _STOP_POLL_S = 0.1
 class Drained:
     """How a stop's drain ended: `drained_s` from the SIGTERM until the main process exited or
     the drain was cut; `cut` "grace" (the grace ran out with it alive), "signal" (a second stop
-    signal), None (it exited by itself)."""
+    signal), None (it exited by itself). `remaining`: SGLang's last count of the requests in
+    flight as read when the drain ended, before the SIGKILL (a line read later is not this
+    drain's: it could not have been printed at the cut)."""
 
     pids: tuple[int, ...]  # the tree's processes signalled at the end
     started_s: float  # monotonic, the SIGTERM
     drained_s: float
     cut: str | None
+    remaining: Remaining | None = None
 
 
 def drain_then_kill(
@@ -142,9 +145,11 @@ def drain_then_kill(
     clock: Clock,
     events: EventQueue,
     feed_watchdog: Callable[[], None],
+    counted: Callable[[float], Remaining | None] = lambda _started_s: None,
 ) -> Drained:
     """SIGTERM the main process, give it `grace_s` to drain and exit (a second stop signal cuts
-    it short), then SIGKILL the whole tree and wait until it is gone."""
+    it short), then SIGKILL the whole tree and wait until it is gone. `counted(started_s)`:
+    SGLang's last count of requests in flight since the SIGTERM, read at the end of the drain."""
     server.terminate(STOP_REQUESTED)
     started_s = clock.monotonic()
     deadline = started_s + grace_s
@@ -162,14 +167,16 @@ def drain_then_kill(
             break
         feed_watchdog()
     drained_s = clock.monotonic() - started_s
+    remaining = counted(started_s)
     pids = server.kill_all(STOP_REQUESTED)
     wait_tree_gone(server, clock, STOP_REQUESTED)
-    return Drained(pids=pids, started_s=started_s, drained_s=drained_s, cut=cut)
+    return Drained(pids, started_s, drained_s, cut, remaining)
 
 
-def note_cut(drained: Drained, grace_s: float, remaining: Remaining | None) -> None:
+def note_cut(drained: Drained, grace_s: float) -> None:
     """`drain_cut`: the grace ran out with the server alive, and its SIGKILL reset the requests
     still in flight: SGLang's last count of them (None: it printed none during this drain)."""
+    remaining = drained.remaining
     log.warning(
         "drain_cut",
         grace_s=grace_s,

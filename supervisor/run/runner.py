@@ -333,10 +333,12 @@ class Runner:
         self.set_state(ServerState.STOPPING, reason=self.stop_reason, grace_s=grace_s)
         if self.stop_reason != reload.RELOAD_STOP:  # a reload's relaunch: the unit stays up
             self.notifier.stopping(f"stopping (run {self.run_id})")
-        drained = drain_then_kill(server, grace_s, self.clock, self.events, self._feed_watchdog)
+        drained = drain_then_kill(
+            server, grace_s, self.clock, self.events, self._feed_watchdog, self.drain_log.since
+        )
         self.stopped_pids = drained.pids
         if drained.cut == "grace" and not worker:  # a worker has no requests of its own
-            note_cut(drained, grace_s, self.drain_log.since(drained.started_s))
+            note_cut(drained, grace_s)
         drained_s = round(drained.drained_s, 3)
         self.set_state(ServerState.STOPPED, pids=list(drained.pids), drained_s=drained_s)
 

@@ -10,6 +10,10 @@ from supervisor.core.readings import GpuProcess, GpuState
 from supervisor.testing import gpu_state
 
 SIM = "supervisor.testing.fake_nvml"
+# A read that must be answered gets as long as a loaded 2-core machine may need (a hung one
+# costs it in full); a worker's first answer waits for its interpreter and NVML to start.
+ANSWER_S = 3.0
+START_S = 10.0  # a new worker hung in its NVML start costs this in full
 
 
 def _sim(state: Path) -> dict[str, str]:
@@ -37,7 +41,7 @@ def test_a_hanging_nvml_call_answers_unknown_within_the_deadline_and_alerts(
     state = make_gpu_state(1)
     alerts: list[str] = []
     guard = GuardedGpuSensor(
-        SIM, env=_sim(state), timeout_s=0.5, retry_after_s=60.0, on_alert=alerts.append
+        SIM, env=_sim(state), timeout_s=ANSWER_S, retry_after_s=60.0, on_alert=alerts.append
     )
     try:
         assert guard.read_gpus() is not None  # worker up and answering
@@ -67,7 +71,11 @@ def test_the_retry_wait_is_asked_with_the_hangs_in_a_row_and_an_answer_starts_th
         return 0.0  # ask again at once: every read below goes to a worker
 
     guard = GuardedGpuSensor(
-        SIM, env=_sim(state), timeout_s=0.3, start_timeout_s=0.5, retry_after_s=retry_after_s
+        SIM,
+        env=_sim(state),
+        timeout_s=ANSWER_S,
+        start_timeout_s=START_S,
+        retry_after_s=retry_after_s,
     )
     try:
         assert guard.read_gpus() is not None
@@ -90,7 +98,7 @@ def test_a_worker_that_will_not_exit_at_close_is_killed_and_reaped(
     """Its NVML shutdown hangs: close() kills it, and reaps it too, so its Popen never outlives
     the sensor unwaited (a ResourceWarning "subprocess N is still running" when collected)."""
     state = make_gpu_state(1)
-    guard = GuardedGpuSensor(SIM, env=_sim(state), timeout_s=0.5)
+    guard = GuardedGpuSensor(SIM, env=_sim(state), timeout_s=ANSWER_S)
     try:
         assert guard.read_gpus() is not None
         worker = guard._worker

@@ -76,7 +76,10 @@ def test_a_start_and_stop_logs_only_json_and_every_event_after_launch_names_run_
 def check_the_readme_jq_recipe(log_path: Path, events: list[dict[str, Any]]) -> None:
     """The recipe drops SGLang's lines and keeps every supervisor event, in order."""
     wanted = [e for e in events if e["event"] != "server_output"]
-    assert [e["event"] for e in wanted][-2:] == ["stopping", "stopped"]
+    names = [e["event"] for e in wanted]
+    # The watchdog's thread may log between the two (a memory_warn on a crowded host).
+    assert names[-1] == "stopped"
+    assert names.index("ready") < names.index("stopping") < len(names) - 1
     assert len(wanted) < len(events)
     jq = shutil.which("jq")
     if jq is None:

@@ -195,8 +195,11 @@ def test_a_serving_rank_puts_the_scenarios_fault_on_its_own_gpu(start_fake_serve
         scenario={"gpu_fault": {"rank": 1, "after_s": 0, "kind": "xid", "code": 79}},
         state_dir=gpu_state_dir,
     )
+    # The health first, then its event: two writes, so both are waited for.
     wait_until(lambda: gpu_faults.read_health(gpu_state_dir, 5).lost, what="GPU 5 lost")
-    events = gpu_events.read_events(gpu_state_dir, 0)
+    events = wait_until(
+        lambda: gpu_events.read_events(gpu_state_dir, 0), what="the Xid event recorded"
+    )
     assert [(e.gpu_index, e.data) for e in events] == [(5, 79)]
     assert not gpu_faults.read_health(gpu_state_dir, 4).lost
     # Only the driver's view changed: the rank carries on serving.
