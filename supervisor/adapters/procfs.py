@@ -55,12 +55,15 @@ def parse_status(text: str) -> dict[str, str]:
 
 
 def info_from(stat: _Stat, status: dict[str, str], title: str) -> ProcessInfo:
-    """A ProcessInfo from a stat line (group, start) and a status file (state, memory)."""
+    """A ProcessInfo from a stat line (state, group, start, exit status) and a status file
+    (parent, memory)."""
     return ProcessInfo(
         pid=stat.pid,
         ppid=_int(status.get("PPid"), default=stat.ppid),
         pgid=stat.pgid,
-        state=status.get("State", stat.state)[:1] or stat.state,
+        # The stat line's state, not status's read after it: a process that became a zombie in
+        # between would read Z without the exit status stat had no field for yet.
+        state=stat.state,
         title=title or stat.comm,
         rss_anon_bytes=_kib(status.get("RssAnon")),
         rss_shmem_bytes=_kib(status.get("RssShmem")),
