@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
@@ -33,8 +34,19 @@ def _exit_status(server: FakeServer, timeout_s: float = 30.0) -> int:
     except subprocess.TimeoutExpired:
         tree = []
         for proc in psutil.Process(server.proc.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                tree.append(f"{proc.pid} {proc.status()} {' '.join(proc.cmdline())[:60]}")
+            with contextlib.suppress(psutil.Error, OSError):
+                masks = [
+                    line
+                    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                    if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+                ]
+                tree.append(f"{proc.pid} {proc.status()} {' '.join(proc.cmdline())[:40]} {masks}")
+        own = [
+            line
+            for line in Path("/proc/self/status").read_text().splitlines()
+            if line.startswith(("SigBlk", "SigIgn"))
+        ]
+        tree.append(f"pytest {own}")
         pytest.fail(f"server still running: {tree}; log tail: {server.log_text()[-3000:]}")
 
 
