@@ -10,15 +10,22 @@ T = TypeVar("T")
 
 
 def wait_until(
-    predicate: Callable[[], T], *, timeout_s: float = 10.0, interval_s: float = 0.02, what: str
+    predicate: Callable[[], T],
+    *,
+    timeout_s: float = 10.0,
+    interval_s: float = 0.02,
+    what: str,
+    context: Callable[[], str] | None = None,
 ) -> T:
-    """Poll `predicate` until it returns something truthy; fail naming `what` at the deadline."""
+    """Poll `predicate` until it returns something truthy; fail naming `what` at the deadline,
+    with `context()` as it is then (a log's tail, say)."""
     deadline = time.monotonic() + timeout_s
     last: T = predicate()
     while not last:
         if time.monotonic() > deadline:
+            seen = f"; {context()}" if context is not None else ""
             raise AssertionError(
-                f"timed out after {timeout_s} s waiting for {what} (last: {last!r})"
+                f"timed out after {timeout_s} s waiting for {what} (last: {last!r}){seen}"
             )
         time.sleep(interval_s)
         last = predicate()

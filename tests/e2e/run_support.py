@@ -92,7 +92,8 @@ class Supervisor:
         events = wait_until(
             lambda: found if len(found := self.events(name)) >= count else None,
             timeout_s=timeout_s,
-            what=f"{count} {name!r} event(s) (log tail: {self.log_text()[-600:]!r})",
+            what=f"{count} {name!r} event(s)",
+            context=lambda: f"log tail: {self.log_text()[-1500:]!r}",
         )
         assert events is not None
         return events[count - 1]

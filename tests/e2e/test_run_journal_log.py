@@ -31,7 +31,8 @@ def wait_line(sup: Supervisor, text: str, count: int = 1) -> None:
     wait_until(
         lambda: sum(text in line for line in sup.log_text().splitlines()) >= count,
         timeout_s=30,
-        what=f"{count} line(s) with {text!r} (log tail: {sup.log_text()[-600:]!r})",
+        what=f"{count} line(s) with {text!r}",
+        context=lambda: f"log tail: {sup.log_text()[-1500:]!r}",
     )
 
 
