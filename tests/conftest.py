@@ -19,6 +19,7 @@ import pytest
 import structlog
 
 from supervisor import log as sup_log
+from supervisor.adapters.processes import default_signal_dispositions
 from supervisor.testing import gpu_state, shm
 from tests.testing.support import (
     MARKER_ENV,
@@ -191,6 +192,7 @@ def start_fake_server(tmp_path: Path, free_port: int) -> Iterator[Callable[..., 
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=default_signal_dispositions,  # as the supervisor starts it
             )
         server = FakeServer(proc=proc, port=port, log_path=log_path)
         started.append(server)

@@ -41,7 +41,12 @@ from pathlib import Path
 import structlog
 
 from supervisor.adapters.cgroup import Cgroup, CgroupError
-from supervisor.adapters.processes import disown_child, own_child, spawning
+from supervisor.adapters.processes import (
+    default_signal_dispositions,
+    disown_child,
+    own_child,
+    spawning,
+)
 from supervisor.adapters.procfs import INSTANCE_ENV, SUPERVISOR_ENV, ProcReader
 from supervisor.adapters.reclaim import KILL_WAIT_S, kill_marked, open_pidfd
 
@@ -236,7 +241,7 @@ class RunningCommand:
                 env=dict(env),
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_joiner(join_fd) if join_fd is not None else None,
+                preexec_fn=_joiner(join_fd) if join_fd is not None else default_signal_dispositions,
             )
             own_child(popen)
         return popen
@@ -346,8 +351,10 @@ def _open_join(leaf: Cgroup | None) -> int | None:
 
 def _joiner(fd: int) -> Callable[[], None]:
     def join() -> None:
-        # In the forked child: one write, nothing that could take a lock another thread held.
+        # In the forked child: signal resets and one write, nothing that could take a lock
+        # another thread held.
         # A refusal raises: Popen then fails with SubprocessError before anything was exec'd.
+        default_signal_dispositions()
         os.write(fd, b"0")
 
     return join

@@ -5,7 +5,9 @@ orphan the kernel hands us (as the tree's subreaper or a container's PID 1)."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,6 +24,20 @@ from supervisor.core.ownership import ProcessMarks
 # that exits at once is never taken for an orphan in between.
 _OWNED: dict[int, subprocess.Popen[Any]] = {}
 _SPAWNING = threading.Lock()
+_libc = ctypes.CDLL(None, use_errno=True)
+_SIG_DFL = 0
+
+
+def default_signal_dispositions() -> None:
+    """Every signal back to its default action, none blocked: as systemd starts a service. An
+    ignored signal survives exec, so a supervisor started from a background shell (SIGINT and
+    SIGQUIT ignored) or one that ignores SIGUSR2 itself would hand that on to SGLang, whose
+    ranks then never see the KeyboardInterrupt or the signal their handlers expect."""
+    # libc's signal(), not Python's: this runs between fork and exec, maybe off the main thread.
+    for signum in signal.valid_signals():
+        if signum not in (signal.SIGKILL, signal.SIGSTOP):
+            _libc.signal(ctypes.c_int(signum), ctypes.c_void_p(_SIG_DFL))
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 @contextlib.contextmanager

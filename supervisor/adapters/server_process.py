@@ -21,7 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from supervisor.adapters.cgroup import ServerCgroup
 from supervisor.adapters.credentials import Credentials
 from supervisor.adapters.output_pump import OutputPump
-from supervisor.adapters.processes import disown_child, own_child, spawning
+from supervisor.adapters.processes import (
+    default_signal_dispositions,
+    disown_child,
+    own_child,
+    spawning,
+)
 from supervisor.adapters.procfs import ProcReader
 from supervisor.adapters.reclaim import process_mrelease
 from supervisor.adapters.tree import ExitWatcher, TreeReader
@@ -51,6 +56,7 @@ def _child_setup(
 ) -> Callable[[], None]:
     def setup() -> None:
         # Runs in the forked child before exec: only async-signal-safe-ish work, no logging.
+        default_signal_dispositions()
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the supervisor died before the prctl: nobody to watch
             os._exit(1)

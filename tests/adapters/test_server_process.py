@@ -4,6 +4,7 @@ pump (tail, redaction, never blocking), and kill_all reaching escapees of the gr
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import uuid
@@ -192,3 +193,44 @@ def test_the_pump_s_queue_is_bounded_in_characters_too():
     # The first one the sink took at once, then three queued: the other sixteen dropped.
     assert 16 <= pump.dropped <= 17
     assert len(taken) == 20 - pump.dropped
+
+
+SIGNAL_MASKS = r"""
+for line in open("/proc/self/status"):
+    if line.startswith(("SigBlk", "SigIgn")):
+        print(line.strip(), flush=True)
+"""
+
+
+def test_the_server_starts_with_every_signal_at_its_default(tmp_path: Path):
+    """What the supervisor ignores or blocks (a background shell's SIGINT, its own SIGUSR2, a
+    held SIGTERM) is not handed on: SGLang's ranks would never see those signals."""
+    lines: list[str] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGUSR2)}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        server = ServerProcess.start(
+            [sys.executable, "-c", SIGNAL_MASKS],
+            {**os.environ},
+            run_id="run-test",
+            sink=lines.append,
+            redact=lambda line: line,
+            oom_score_adj=None,
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    try:
+        assert wait_until(server.poll, timeout_s=20, what="exit") is not None
+        server.pump.join(5)
+        masks = dict(line.split(":\t") for line in server.tail())
+        assert masks["SigBlk"] == "0000000000000000"
+        ignored = int(masks["SigIgn"], 16)
+        for signum in (signal.SIGINT, signal.SIGUSR2, signal.SIGQUIT):  # Python ignores PIPE
+            assert not ignored & (1 << (signum - 1)), signal.Signals(signum).name
+    finally:
+        server.kill_all(STOP_REQUESTED)
+        server.close()
