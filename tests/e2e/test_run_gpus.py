@@ -26,7 +26,7 @@ def escapee_of_a_killed_supervisor(
 ) -> Iterator[list[int]]:
     """A supervisor whose server has a double-forked escapee holding GPU 0 is SIGKILLed; yields
     [escapee pid] once it is the only process of the tree left."""
-    scenario = {"orphan": {"kind": "double_fork", "holds_gpu": True, "lifetime_s": 60}}
+    scenario = {"orphan": {"kind": "double_fork", "holds_gpu": True, "lifetime_s": 600}}
     with supervisor(
         tmp_path,
         port,

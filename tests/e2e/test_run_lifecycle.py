@@ -163,7 +163,7 @@ def test_sigkill_of_the_supervisor_takes_the_tree_down_and_the_next_start_cleans
 def test_escapees_of_the_group_are_found_and_killed_at_stop(
     tmp_path, free_port, simulated_process_guard, kind
 ):
-    scenario = {"orphan": {"kind": kind, "after_s": 0.0}}
+    scenario = {"orphan": {"kind": kind, "after_s": 0.0, "lifetime_s": 600}}
     with supervisor(tmp_path, free_port, simulated_process_guard, scenario=scenario) as sup:
         sup.wait_event("ready")
         pgids = wait_until(
@@ -181,7 +181,7 @@ def test_a_leftover_of_an_earlier_run_is_killed_before_the_new_launch(
     tmp_path, free_port, simulated_process_guard
 ):
     state_dir = tmp_path / "shared-state"
-    scenario = {"orphan": {"kind": "setsid", "after_s": 0.0, "lifetime_s": 60}}
+    scenario = {"orphan": {"kind": "setsid", "after_s": 0.0, "lifetime_s": 600}}
     marker = simulated_process_guard
     with supervisor(tmp_path, free_port, marker, scenario=scenario, state_dir=state_dir) as first:
         first.wait_event("ready")

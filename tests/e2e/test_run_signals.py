@@ -170,7 +170,7 @@ def test_an_escapee_that_dies_while_the_server_runs_is_reaped_not_left_a_zombie(
 ):
     """A double fork reparents the escapee to the supervisor (the tree's subreaper): when it
     exits while the server keeps running, its zombie is the supervisor's to collect."""
-    scenario = {"orphan": {"kind": "double_fork", "after_s": 0.0, "lifetime_s": 60}}
+    scenario = {"orphan": {"kind": "double_fork", "after_s": 0.0, "lifetime_s": 600}}
     with supervisor(tmp_path, free_port, simulated_process_guard, scenario=scenario) as sup:
         sup.wait_event("ready")
         me = sup.proc.pid

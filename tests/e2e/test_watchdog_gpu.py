@@ -141,7 +141,7 @@ def test_an_orphan_holding_a_gpu_is_found_and_killed(
     GPU memory: the release wait finds it on the GPU and kills it."""
     scenario = {
         "startup_s": 0.1,
-        "orphan": {"kind": "setsid", "holds_gpu": True, "rank": 0, "lifetime_s": 30},
+        "orphan": {"kind": "setsid", "holds_gpu": True, "rank": 0, "lifetime_s": 600},
     }
     baselines = measure_baselines(sensor, [0, 1])
     with launched(["--tp-size", "2"], scenario, port=free_port, state_dir=gpus) as run:

@@ -96,12 +96,12 @@ FAULTS: dict[str, Fault] = {
     ),
     "setsid escapee at stop": Fault(
         act=ready_first,
-        scenario={"orphan": {"kind": "setsid", "lifetime_s": 60}},
+        scenario={"orphan": {"kind": "setsid", "lifetime_s": 600}},
         ready_count=1,
     ),
     "double-forked escapee dies": Fault(
         act=kill_escapee,
-        scenario={"orphan": {"kind": "double_fork", "lifetime_s": 60}},
+        scenario={"orphan": {"kind": "double_fork", "lifetime_s": 600}},
         ready_count=1,
     ),
     # The same failure twice before the server was ever ready: a deterministic start failure,

@@ -159,7 +159,7 @@ def test_a_taken_port_exits_1_with_uvicorns_message(start_fake_server, free_port
 @pytest.mark.parametrize("kind", ["setsid", "double_fork"])
 def test_orphan_escapes_the_process_group_and_holds_its_gpu(start_fake_server, gpu_state_dir, kind):
     server = start_fake_server(
-        scenario={"orphan": {"kind": kind, "holds_gpu": True, "lifetime_s": 30}},
+        scenario={"orphan": {"kind": kind, "holds_gpu": True, "lifetime_s": 600}},
         state_dir=gpu_state_dir,
     )
     _up(server)
