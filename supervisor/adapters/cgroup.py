@@ -18,14 +18,14 @@ or one where the groups cannot be made, stays in /proc mode (CgroupError says wh
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
 import signal
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from supervisor.adapters.cgroup_dirs import existing_dirs, pids_in, rmdir_group, subdirs
 
 PREFIX = "sglang-supervisor."
 
@@ -114,13 +114,13 @@ def _read(path: Path) -> str:
         raise CgroupError(f"reading {path}: {exc.strerror or exc}") from None
 
 
-def pids_in(group: Path) -> list[int]:
-    """The processes in `group` (its cgroup.procs); [] when it is gone."""
+def _keyed(path: Path) -> dict[str, str] | None:
+    """A cgroup file of "key value" lines; None when unreadable."""
     try:
-        text = (group / "cgroup.procs").read_text(encoding="ascii")
+        text = path.read_text(encoding="ascii")
     except OSError:
-        return []
-    return [int(line) for line in text.split() if line.isdigit()]
+        return None
+    return dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
 
 
 def _flag(events: str, key: str) -> bool:
@@ -234,12 +234,21 @@ class ServerCgroup(Cgroup):
             stat, keys = self.memory_v1 / "memory.stat", ("total_rss", "total_shmem")
         else:
             return None
-        try:
-            text = stat.read_text(encoding="ascii")
-        except OSError:
+        values = _keyed(stat)
+        return None if values is None else sum(int(values.get(k, "0")) for k in keys)
+
+    def oom_kill_count(self) -> int | None:
+        """The tree's processes the kernel OOM-killed (any OOM, the host's or a limit's) since
+        the group was made: `oom_kill` of v2 memory.events or v1 memory.oom_control (Linux
+        >= 4.13); None without a memory controller here."""
+        if self.v2_memory:
+            events = self.group / "memory.events"
+        elif self.memory_v1 is not None:
+            events = self.memory_v1 / "memory.oom_control"
+        else:
             return None
-        values = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
-        return sum(int(values.get(k, "0")) for k in keys)
+        value = (_keyed(events) or {}).get("oom_kill", "").strip()
+        return int(value) if value.isdigit() else None
 
     def pressure_file(self) -> Path:
         return self.group / "memory.pressure"
@@ -333,7 +342,7 @@ class InstanceCgroups:
         """
         if not self.helpers_dir.is_dir():
             return []
-        leaves = [Cgroup(path) for path in _subdirs(self.helpers_dir)]
+        leaves = [Cgroup(path) for path in subdirs(self.helpers_dir)]
         found = [pid for leaf in leaves for pid in leaf.pids()]
         if found:
             helpers = Cgroup(self.helpers_dir)
@@ -353,48 +362,11 @@ class InstanceCgroups:
                 self._moved = False
             except CgroupError as exc:
                 problems.append(str(exc))
-        leaves = _subdirs(self.helpers_dir)  # empty by now: their commands were killed
+        leaves = subdirs(self.helpers_dir)  # empty by now: their commands were killed
         groups = (self.helpers_dir, self.server_dir, self.supervisor, self.root, self.memory_v1)
-        for path in _existing((*leaves, *groups)):
+        for path in existing_dirs((*leaves, *groups)):
             try:
                 rmdir_group(path)
             except OSError as exc:
                 problems.append(f"{path}: {exc.strerror}")
         return problems
-
-
-# A killed task leaves v2's `populated` before every hierarchy: its v1 memory group (a hybrid
-# host) may refuse rmdir with EBUSY a moment longer (about 1 kill in 10 under load, here).
-_RMDIR_BUSY_WAIT_S = 5.0
-_RMDIR_RETRY_S = 0.01
-
-
-def rmdir_group(path: Path, busy_wait_s: float = _RMDIR_BUSY_WAIT_S) -> None:
-    """rmdir an emptied group, retrying while the kernel still calls it busy (bounded); a group
-    already gone is fine.
-
-    Raises:
-        OSError: it is still busy after `busy_wait_s` (a live member), or another refusal.
-    """
-    deadline = time.monotonic() + busy_wait_s
-    while True:
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() >= deadline or pids_in(path):
-                raise
-        time.sleep(_RMDIR_RETRY_S)
-
-
-def _subdirs(path: Path) -> list[Path]:
-    try:
-        return sorted(p for p in path.iterdir() if p.is_dir())
-    except OSError:
-        return []
-
-
-def _existing(paths: Iterable[Path | None]) -> list[Path]:
-    return [p for p in paths if p is not None and p.is_dir()]

@@ -178,6 +178,10 @@ class ServerProcess:
         """anon + shmem of the whole tree from its cgroup; None in /proc mode."""
         return self.cgroup.charged_bytes() if self.cgroup is not None else None
 
+    def oom_kill_count(self) -> int | None:
+        """The kernel's OOM kills of the tree's processes (its cgroup's); None in /proc mode."""
+        return self.cgroup.oom_kill_count() if self.cgroup is not None else None
+
     def mark_ready(self) -> None:
         """The tree is up: in /proc mode, one scan now (the ranks may be younger than the last
         one), then rarely."""

@@ -2,18 +2,27 @@
 
 Pure. The class decides what happens next (bad flags: never retried) and the hint tells the
 operator what to change. Precedence: a component that killed the tree for its own reason
-(watchdog: memory_kill) > SGLang's own words in the log > the kernel OOM counter > a SIGBUS
-before ready (its hint names /dev/shm) > what the supervisor observed (rank state, health,
+(watchdog: memory_kill) > SGLang's own words in the log > the kernel's OOM-kill counters > a
+SIGBUS before ready (its hint names /dev/shm) > what the supervisor observed (rank state, health,
 startup) > a generic "exited".
+
+A SIGKILL alone says nothing about memory: SGLang's main process SIGKILLs itself after every
+child failure (utils/common.py `kill_process_tree`, include_parent=True by default, called by
+the SIGQUIT handlers of entrypoints/engine.py and managers/tokenizer_manager.py and by the
+warm-up's failure path in entrypoints/http_server.py), so its status is signal 9 after an init
+assert, a rank's death or a failed host-pool allocation alike. Only the kernel's own count names
+the OOM killer: the tree cgroup's `oom_kill` (memory.events), else /proc/vmstat's.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from supervisor.core.bounded import clip_line
 from supervisor.core.log_phases import CRASH_MARKS, LogMark, MarkedLine, marks_in, read_mark
 
 _SIGKILL = 9  # signal.SIGKILL on Linux; the core does not import the OS
@@ -60,8 +69,9 @@ _HINTS: dict[FailureKind, str] = {
     FailureKind.GPU_OOM_AT_LOAD: "GPU out of memory while loading: lower --mem-fraction-static "
     "(more room for activations and CUDA graphs) or --cuda-graph-max-bs; if the weights leave no "
     "room for the KV cache, use more GPUs (--tp-size)",
-    FailureKind.KERNEL_OOM_KILLED: "killed by the kernel OOM killer (host memory ran out): lower "
-    "--hicache-size, check `sglang-supervisor preflight` and `dmesg`",
+    FailureKind.KERNEL_OOM_KILLED: "killed by the kernel OOM killer (its oom_kill counter grew "
+    "during the run; host memory ran out): lower --hicache-size, check `sglang-supervisor "
+    "preflight` and `dmesg`",
     FailureKind.RANK_CRASH: "a scheduler rank died; the server log lines above say why",
     FailureKind.RANK_ZOMBIE: "a scheduler rank exited and was never reaped (zombie); the "
     "server cannot serve even if HTTP still answers",
@@ -99,7 +109,11 @@ class DeathContext:
     override_detail: str = ""
     was_ready: bool = False
     killed_by_us: bool = False  # the supervisor killed the tree before it exited by itself
-    oom_kills: int | None = None  # kernel oom_kill counter delta since launch; None = unknown
+    # The kernel's OOM kills during the run, None = unknown: the host's (/proc/vmstat oom_kill)
+    # and the tree's own (its cgroup's memory.events oom_kill, which counts only its processes;
+    # when known it decides, as the host's may be another cgroup's victim).
+    oom_kills: int | None = None
+    tree_oom_kills: int | None = None
 
 
 class Classification(NamedTuple):
@@ -153,7 +167,7 @@ def classify(
         return _plain(FailureKind.PORT_IN_USE)
     if LogMark.GPU_OOM in kinds and not context.was_ready:
         return _plain(FailureKind.GPU_OOM_AT_LOAD)
-    if _looks_oom_killed(marks, exited_by_itself, signal_number, context):
+    if kernel_oom_killed(context):
         return _plain(FailureKind.KERNEL_OOM_KILLED)
     if LogMark.WARMUP_FAILED in kinds:
         hint = "SGLang's warm-up request failed and it killed its own tree (log lines above)"
@@ -164,16 +178,21 @@ def classify(
             FailureKind.RANK_CRASH if kinds & CRASH_MARKS else FailureKind.EXITED_UNEXPECTEDLY
         )
         return Classification(kind, f"{_SIGBUS_HINT} ({describe_exit(exit_code, signal_number)})")
-    if context.observed is not None:
-        return _plain(context.observed)
-    if kinds & CRASH_MARKS or LogMark.GPU_OOM in kinds:
-        return _plain(FailureKind.RANK_CRASH)
+    crashed = bool(kinds & CRASH_MARKS or LogMark.GPU_OOM in kinds)
+    seen = context.observed or (FailureKind.RANK_CRASH if crashed else None)
+    if exited_by_itself and killed_itself(signal_number, marks):
+        hint = self_kill_hint(log_tail, context)
+        return Classification(seen or FailureKind.EXITED_UNEXPECTEDLY, hint)
+    if seen is not None:
+        return _plain(seen)
     hint = _HINTS[FailureKind.EXITED_UNEXPECTEDLY]
     if kinds & {LogMark.HOST_MEMORY_REFUSED, LogMark.PINNING_FAILED}:
         hint = (
             "SGLang could not allocate or pin its host KV pool: lower --hicache-size "
             "(see `sglang-supervisor preflight`)"
         )
+    elif exited_by_itself and signal_number == _SIGKILL:
+        hint = _unexplained_sigkill_hint(context)
     status = describe_exit(exit_code, signal_number)
     return Classification(FailureKind.EXITED_UNEXPECTEDLY, f"{hint} ({status})")
 
@@ -198,19 +217,57 @@ def _died_of_sigbus(
     )
 
 
-def _looks_oom_killed(
-    marks: Sequence[MarkedLine],
-    exited_by_itself: bool,
-    signal_number: int | None,
-    context: DeathContext,
-) -> bool:
-    if context.oom_kills is not None:
-        return context.oom_kills > 0
-    # No kernel counter: a SIGKILL nobody here sent is most likely the OOM killer (gunicorn's
-    # "Perhaps out of memory?"; SGLang's hint for a rank that died with -9, docs/sglang.md §3.1).
-    rank_killed = any(
-        m.mark in (LogMark.RANK_DIED_AT_INIT, LogMark.SUBPROCESS_CRASHED)
-        and m.exit_code == -_SIGKILL
-        for m in marks
+def kernel_oom_killed(context: DeathContext) -> bool:
+    """The kernel says it OOM-killed: the tree's own count when known, else the host's. With
+    neither, no: a SIGKILL, even a rank's "exit code: -9", is no evidence of the OOM killer."""
+    if context.tree_oom_kills is not None:
+        return context.tree_oom_kills > 0
+    return context.oom_kills is not None and context.oom_kills > 0
+
+
+# What SGLang's main process logs on its way to SIGKILLing itself after a child failed: the
+# SubprocessWatchdog's "Subprocess … crashed with exit code …" (utils/watchdog.py, which then
+# SIGQUITs itself), a SIGQUIT handler's line (entrypoints/engine.py, tokenizer_manager.py), and
+# kill_process_tree's own line naming itself with include_parent=True (utils/common.py).
+_SELF_KILL_MARKS = frozenset({LogMark.SUBPROCESS_CRASHED, LogMark.SIGQUIT, LogMark.KILLS_OWN_TREE})
+# The child's failure, as SGLang's main process or the child itself logged it.
+_CHILD_FAILURE_MARKS = frozenset(
+    {LogMark.SCHEDULER_EXCEPTION, LogMark.RANK_DIED_AT_INIT, LogMark.SUBPROCESS_CRASHED}
+)
+# The last line of a Python traceback: "RuntimeError: Found no NVIDIA driver on your system".
+_EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): \S")
+_QUOTED_CHARS = 300
+
+
+def killed_itself(signal_number: int | None, marks: Sequence[MarkedLine]) -> bool:
+    """SGLang's main process died of its own SIGKILL after a child failed (its log says so)."""
+    return signal_number == _SIGKILL and any(m.mark in _SELF_KILL_MARKS for m in marks)
+
+
+def self_kill_hint(log_tail: Sequence[str], context: DeathContext) -> str:
+    """Names SGLang's self-kill and quotes the child's failure and the last exception logged."""
+    child = next(
+        (line for line in log_tail if (m := read_mark(line)) and m.mark in _CHILD_FAILURE_MARKS),
+        None,
     )
-    return rank_killed or (exited_by_itself and signal_number == _SIGKILL)
+    error = next((line for line in reversed(log_tail) if _EXCEPTION_LINE.match(line)), None)
+    quoted = [clip_line(line.strip(), _QUOTED_CHARS) for line in (child, error) if line]
+    said = f": {' / '.join(quoted)}" if quoted else ""
+    return (
+        "SGLang's main process killed its own tree after a child failed (kill_process_tree on "
+        f"itself: the SIGKILL, status 137, is SGLang's own; {_kernel_said(context)}); the "
+        f"server log lines above say why{said}"
+    )
+
+
+def _kernel_said(context: DeathContext) -> str:
+    if context.tree_oom_kills is None and context.oom_kills is None:
+        return "the kernel's OOM-kill counters could not be read: check `dmesg` for an OOM kill"
+    return "the kernel counted no OOM kill during the run"
+
+
+def _unexplained_sigkill_hint(context: DeathContext) -> str:
+    return (
+        "the server's main process was SIGKILLed by neither the supervisor nor SGLang itself "
+        f"(another process or an operator), and {_kernel_said(context)}"
+    )

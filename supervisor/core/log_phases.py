@@ -37,6 +37,9 @@ class LogMark(str, Enum):
     RANK_DIED_AT_INIT = "rank_died_at_init"
     SIGQUIT = "sigquit"
     WARMUP_FAILED = "warmup_failed"  # SGLang's warm-up request failed; it killed its own tree
+    # utils/common.py kill_process_tree's first line, called by a process on itself with
+    # include_parent=True: it SIGKILLs its descendants and then itself (status -9, rc 137).
+    KILLS_OWN_TREE = "kills_own_tree"
     BUS_ERROR = "bus_error"  # a process died of SIGBUS (Python's faulthandler said so)
 
 
@@ -104,6 +107,11 @@ PHRASES: tuple[Phrase, ...] = (
 _HOST_POOL_WORDS = ("allocating ", "host pool")
 # "Subprocess scheduler_3 (pid=…) crashed with exit code -9"
 _SUBPROCESS_CRASH = re.compile(r"subprocess \S+ \(pid=\d+\) crashed with exit code", re.IGNORECASE)
+# "kill_process_tree called: parent_pid=P, include_parent=True, pid=P" (utils/common.py
+# kill_process_tree, line 2523 in 0.5.23): the same P twice is a process killing its own tree.
+_KILL_OWN_TREE = re.compile(
+    r"kill_process_tree called: parent_pid=(\d+), include_parent=True, pid=(\d+)"
+)
 # argparse: "launch_server.py: error: unrecognized arguments: --foo" / "error: argument --tp-size"
 _ARGPARSE = re.compile(r"(^usage: )|(: error: (unrecognized arguments|argument |the following))")
 _EXIT_CODE = re.compile(r"exit code:? *(-?\d+)", re.IGNORECASE)
@@ -125,6 +133,8 @@ def read_mark(line: str) -> MarkedLine | None:
         return MarkedLine(LogMark.ARGPARSE_ERROR)
     if _SUBPROCESS_CRASH.search(line):
         return MarkedLine(LogMark.SUBPROCESS_CRASHED, _exit_code(line))
+    if (own := _KILL_OWN_TREE.search(line)) is not None and own.group(1) == own.group(2):
+        return MarkedLine(LogMark.KILLS_OWN_TREE)
     lowered = line.lower()
     if _host_pool(lowered) and "tokens" in lowered:
         return MarkedLine(LogMark.HOST_POOL_ALLOCATED)

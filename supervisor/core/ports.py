@@ -128,6 +128,11 @@ class LaunchedServer(ServerHandle, Protocol):
         """Wait until the server's output has been read to its end."""
         ...
 
+    def oom_kill_count(self) -> int | None:
+        """How many of the tree's processes the kernel OOM-killed so far (its cgroup's
+        counter); None when it has no cgroup with a memory controller."""
+        ...
+
     @property
     def mode(self) -> str:
         """How the tree is contained and read: a cgroup mode, or "/proc"."""

@@ -1,7 +1,8 @@
 """A dead server: kill what is left of its tree, reap it, and classify why it died.
 
 The classification itself is core.classify's; this module gathers its inputs (exit status,
-log tail, the kernel's OOM-kill counter, why the tree was killed first) from the adapters.
+log tail, the kernel's OOM-kill counters of the host and of the tree's cgroup, why the tree was
+killed first) from the adapters.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ from collections.abc import Callable
 import structlog
 
 from supervisor.core.checks import FitReport
-from supervisor.core.classify import Classification, DeathContext, FailureKind, classify
+from supervisor.core.classify import (
+    Classification,
+    DeathContext,
+    FailureKind,
+    classify,
+    killed_itself,
+)
 from supervisor.core.drain import Remaining
 from supervisor.core.events import STOP_REQUESTED, KillReason, SignalEvent
+from supervisor.core.log_phases import marks_in
 from supervisor.core.ports import Clock, EventQueue, LaunchedServer, Processes
 from supervisor.core.readings import ExitStatus
 from supervisor.core.sglang_args import LaunchPlan
@@ -62,6 +70,22 @@ class DeathReport:
 DeathHook = Callable[[DeathReport], None]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class OomCounts:
+    """The kernel's OOM-kill counters at one moment; None where unreadable."""
+
+    host: int | None  # /proc/vmstat oom_kill
+    tree: int | None  # the tree cgroup's oom_kill (memory.events)
+
+
+def oom_counts(server: LaunchedServer, processes: Processes) -> OomCounts:
+    return OomCounts(host=processes.oom_kill_count(), tree=server.oom_kill_count())
+
+
+def _grown(now: int | None, then: int | None) -> int | None:
+    return None if now is None or then is None else now - then
+
+
 def wait_tree_gone(
     server: LaunchedServer, clock: Clock, reason: KillReason, timeout_s: float = TREE_GONE_WAIT_S
 ) -> None:
@@ -84,7 +108,7 @@ def kill_and_classify(
     death: Death,
     *,
     was_ready: bool,
-    oom_kills_at_launch: int | None,
+    oom_at_launch: OomCounts,
     processes: Processes,
     clock: Clock,
 ) -> tuple[Classification, ExitStatus | None, tuple[int, ...]]:
@@ -96,20 +120,21 @@ def kill_and_classify(
     wait_tree_gone(server, clock, reason)
     first = server.kill_reason
     override = first.failure if first is not None and first.failure in _OVERRIDES else None
-    oom_now = processes.oom_kill_count()
-    oom = None if oom_now is None or oom_kills_at_launch is None else oom_now - oom_kills_at_launch
+    oom_now = oom_counts(server, processes)
     context = DeathContext(
         observed=death.observed,
         override=override,
         override_detail=first.detail if override is not None and first is not None else "",
         was_ready=was_ready,
         killed_by_us=exited_first is None,
-        oom_kills=oom,
+        oom_kills=_grown(oom_now.host, oom_at_launch.host),
+        tree_oom_kills=_grown(oom_now.tree, oom_at_launch.tree),
     )
     # A tree we killed alive died of our SIGKILL: its status says nothing about why.
     code = exited_first.exit_code if exited_first else None
     sig = exited_first.signal_number if exited_first else None
-    result = classify(code, sig, server.tail(), context)
+    tail = server.tail()
+    result = classify(code, sig, tail, context)
     log.error(
         "server_failed",
         failure=result.kind.value,
@@ -117,6 +142,9 @@ def kill_and_classify(
         exit_code=code,
         signal=sig,
         pids=list(pids),
+        sglang_self_kill=not context.killed_by_us and killed_itself(sig, marks_in(tail)),
+        oom_kills=context.oom_kills,
+        tree_oom_kills=context.tree_oom_kills,
     )
     return result, exited_first, pids
 

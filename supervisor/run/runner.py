@@ -37,9 +37,11 @@ from supervisor.run import group_mode, launch, override, reload, restart
 from supervisor.run.death import (
     Death,
     DeathReport,
+    OomCounts,
     drain_then_kill,
     kill_and_classify,
     note_cut,
+    oom_counts,
     wait_tree_gone,
 )
 from supervisor.run.events import (
@@ -151,7 +153,7 @@ class Runner:
                 run_id=self.run_id, argv=argv, plan=self.settings.reader.plan(argv), fit=self.fit
             )
             monitor = monitor_for(server, self.io, lambda: self.run_cfg, self.plan)
-            oom_kills_at_launch = self.io.processes.oom_kill_count()
+            oom_at_launch = oom_counts(server, self.io.processes)
             for factory in self.plugins.components:
                 if (component := factory(server, self.events.put, info)) is not None:
                     started.append(component)
@@ -160,7 +162,7 @@ class Runner:
             if death is None:
                 self.stop_server(server)
                 return None
-            return self.handle_death(server, monitor, death, argv, oom_kills_at_launch)
+            return self.handle_death(server, monitor, death, argv, oom_at_launch)
         except BaseException:
             # A bug or an interrupt must not leave the tree running (PDEATHSIG would take the
             # server only once this process is gone, and not its escapees).
@@ -287,7 +289,7 @@ class Runner:
         monitor: LaunchMonitor,
         death: Death,
         argv: tuple[str, ...],
-        oom_kills_at_launch: int | None,
+        oom_at_launch: OomCounts,
     ) -> DeathReport:
         """Kill what is left of the tree, reap it, classify the death, run the death hooks."""
         self.set_state(ServerState.UNHEALTHY, cause=death.observed or "exited", detail=death.detail)
@@ -296,7 +298,7 @@ class Runner:
             server,
             death,
             was_ready=was_ready,
-            oom_kills_at_launch=oom_kills_at_launch,
+            oom_at_launch=oom_at_launch,
             processes=self.io.processes,
             clock=self.clock,
         )

@@ -19,8 +19,8 @@ from supervisor.adapters.cgroup import (
     InstanceCgroups,
     ServerCgroup,
     discover,
-    rmdir_group,
 )
+from supervisor.adapters.cgroup_dirs import rmdir_group
 from tests.cgroups import remove_instance_cgroups
 from tests.waiting import wait_until
 
@@ -88,6 +88,25 @@ def test_pure_v2_enables_memory_below_and_sets_oom_group_and_memory_max(pure_v2)
     assert (groups.supervisor / "cgroup.procs").read_text() == str(os.getpid())
     assert server.charged_bytes() == 1300  # anon + shmem; the page cache is not charged
     assert server.join_files == (str(server.group / "cgroup.procs"),)
+
+
+def test_the_kernels_oom_kills_of_the_tree_are_read_from_its_memory_events(pure_v2):
+    server = InstanceCgroups(pure_v2, "qwen").create(move_self=False)
+    assert server.oom_kill_count() is None  # no memory.events: unknown, not 0
+    events = server.group / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 4\noom 2\noom_kill 1\noom_group_kill 1\n")
+    assert server.oom_kill_count() == 1
+    events.write_text("low 0\nhigh 0\n")  # a kernel before 4.13 has no oom_kill line
+    assert server.oom_kill_count() is None
+
+
+def test_a_hybrid_hosts_oom_kills_come_from_the_v1_groups_oom_control(tmp_path: Path):
+    v1 = tmp_path / "memory" / "sglang-supervisor.qwen"
+    v1.mkdir(parents=True)
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    server = ServerCgroup(tmp_path / "unified", v1, v2_memory=False)
+    assert server.oom_kill_count() == 3
+    assert ServerCgroup(tmp_path / "unified", None, v2_memory=False).oom_kill_count() is None
 
 
 def test_a_parent_that_refuses_the_controller_leaves_memory_to_proc(pure_v2):

@@ -159,6 +159,12 @@ LINES: tuple[Line, ...] = (
         "Received sigquit",
     ),
     Line(
+        LogMark.KILLS_OWN_TREE,
+        "kill_process_tree called: parent_pid=4200, include_parent=True, pid=4200",
+        "kill_process_tree called",
+        keys="kill_process_tree called parent_pid include_parent pid",
+    ),
+    Line(
         LogMark.WARMUP_FAILED,
         "Initialization failed. warmup error: Traceback (most recent call last):",
         "Initialization failed",

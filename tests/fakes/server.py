@@ -42,6 +42,7 @@ class FakeServer:
         self.closed = False
         self.exit_on_term: ExitStatus | None = ExitStatus(exit_code=0, signal_number=None)
         self.kernel_charged_bytes: int | None = None  # what a cgroup would say; None: /proc
+        self.tree_oom_kills: int | None = None  # the cgroup's oom_kill count; None: /proc
         self.ready_marked = False
         self.notify_exit: Callable[[], None] | None = None  # the runner's exit callback
         self.seen: dict[int, int] = {}
@@ -136,6 +137,9 @@ class FakeServer:
 
     def charged_bytes(self) -> int | None:
         return self.kernel_charged_bytes
+
+    def oom_kill_count(self) -> int | None:
+        return self.tree_oom_kills
 
     @property
     def memory_released(self) -> int:

@@ -9,7 +9,10 @@ import signal
 from pathlib import Path
 
 import psutil
+import pytest
 
+from supervisor.core.classify import DeathContext, FailureKind, classify, killed_itself
+from supervisor.core.log_phases import marks_in
 from tests.testing.support import fake_server_env, http_json, run_fake_to_exit
 from tests.waiting import wait_until
 
@@ -109,6 +112,33 @@ def test_a_rank_killed_by_a_signal_is_noticed_by_the_subprocess_watchdog(start_f
     )
     assert server.proc.wait(timeout=10) == -signal.SIGKILL
     assert "crashed with exit code -9. Triggering SIGQUIT for cleanup..." in server.log_text()
+
+
+@pytest.mark.parametrize(
+    ("crash", "handler"),
+    [
+        # At init: the rank's SIGQUIT reaches engine.py's launch-phase handler.
+        ({"rank": 1, "after_s": 0.0, "exit_code": 1}, "Received sigquit from a child process"),
+        # Running: a rank SIGKILLed (by anyone) is the SubprocessWatchdog's, then the
+        # tokenizer manager's handler.
+        ({"rank": 1, "after_s": 1.0, "signal": "SIGKILL"}, "SIGQUIT received."),
+    ],
+)
+def test_the_simulated_self_kill_reads_as_sglangs_own_not_the_oom_killers(
+    start_fake_server, crash, handler
+):
+    """The main process dies by its own SIGKILL after a child failed; the product's classifier,
+    given its log and a kernel that counted no OOM kill, names the self-kill."""
+    server = start_fake_server(
+        ["--tp-size", "2"], scenario={"crash": crash, "crash_dump_wait_s": 0}
+    )
+    assert server.proc.wait(timeout=30) == -signal.SIGKILL
+    tail = server.log_text().splitlines()
+    assert any(handler in line for line in tail)
+    assert killed_itself(9, marks_in(tail))
+    result = classify(None, 9, tail, DeathContext(oom_kills=0, tree_oom_kills=0))
+    assert result.kind is FailureKind.RANK_CRASH
+    assert "killed its own tree after a child failed" in result.hint
 
 
 def test_bad_flags_exit_2_with_an_argparse_message_before_starting():
