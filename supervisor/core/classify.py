@@ -16,7 +16,6 @@ the OOM killer: the tree cgroup's `oom_kill` (memory.events), else /proc/vmstat'
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -234,8 +233,6 @@ _SELF_KILL_MARKS = frozenset({LogMark.SUBPROCESS_CRASHED, LogMark.SIGQUIT, LogMa
 _CHILD_FAILURE_MARKS = frozenset(
     {LogMark.SCHEDULER_EXCEPTION, LogMark.RANK_DIED_AT_INIT, LogMark.SUBPROCESS_CRASHED}
 )
-# The last line of a Python traceback: "RuntimeError: Found no NVIDIA driver on your system".
-_EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): \S")
 _QUOTED_CHARS = 300
 
 
@@ -250,7 +247,7 @@ def self_kill_hint(log_tail: Sequence[str], context: DeathContext) -> str:
         (line for line in log_tail if (m := read_mark(line)) and m.mark in _CHILD_FAILURE_MARKS),
         None,
     )
-    error = next((line for line in reversed(log_tail) if _EXCEPTION_LINE.match(line)), None)
+    error = next((line for line in reversed(log_tail) if _is_exception_line(line)), None)
     quoted = [clip_line(line.strip(), _QUOTED_CHARS) for line in (child, error) if line]
     said = f": {' / '.join(quoted)}" if quoted else ""
     return (
@@ -258,6 +255,13 @@ def self_kill_hint(log_tail: Sequence[str], context: DeathContext) -> str:
         f"itself: the SIGKILL, status 137, is SGLang's own; {_kernel_said(context)}); the "
         f"server log lines above say why{said}"
     )
+
+
+def _is_exception_line(line: str) -> bool:
+    """The last line of a Python traceback: "RuntimeError: Found no NVIDIA driver on your …"."""
+    name, sep, message = line.strip().partition(": ")
+    dotted = name.replace(".", "").replace("_", "")
+    return bool(sep and message and dotted.isalnum() and name.endswith(("Error", "Exception")))
 
 
 def _kernel_said(context: DeathContext) -> str:

@@ -8,6 +8,12 @@ Per rank SGLang prints (formats checked by tests/contract):
 A + W is the free GPU memory before the weights (what SGLang sizes the KV pool from), W the
 weights on the GPU, N the device KV tokens. A rank reports for itself; the smallest value over
 the ranks is the one that binds (SGLang takes the minimum token count over the ranks).
+
+W is a difference of two readings (model_runner.py: free before minus free after the load), so
+it comes out negative when something else freed memory meanwhile ("mem usage=-0.00 GB"): signs
+are read, and a size is never stored below 0. On `--device cpu` "avail mem" is the host's free
+RAM per NUMA node (utils/common.py get_available_gpu_memory, line 490 in 0.5.23): such a
+measurement is filed with `device: "cpu"` and never sizes a GPU launch.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from supervisor.core.units import GiB
 # log, and the pre-flight imports this module for the records alone. Where the numbers come
 # after a gap, they are searched from the phrase that opens the line (found with str.find): no
 # pattern has a `.*` that would rescan a long line from every start.
-_WEIGHTS = ("Load weight end.", r"avail mem=([\d.]+) GB, mem usage=([\d.]+) GB")
+_GB_NUMBER = r"(-?[\d.]+) GB"  # "-0.00 GB" too: a difference of two readings
+_WEIGHTS = ("Load weight end.", rf"avail mem={_GB_NUMBER}, mem usage={_GB_NUMBER}")
 _KV = ("KV Cache is allocated. ", r"#tokens: (\d+)")
 _HOST_POOL = ("", r"hierarchical KV host pool: (\d+) tokens")
-_POOL_END = ("", r"Memory pool end\. avail mem=([\d.]+) GB")
+_POOL_END = ("", rf"Memory pool end\. avail mem={_GB_NUMBER}")
 _RANK = r"\bTP(\d+)\b"
 SIZING_PATTERNS = (_RANK, *(p for _, p in (_WEIGHTS, _KV, _HOST_POOL, _POOL_END)))
 # Bounds of the record file: a few launches per deployment, a few deployments per instance.
@@ -44,6 +51,8 @@ class Measurement:
     device_tokens: int | None = None
     host_pool_tokens: int | None = None
     free_after_pools_bytes: int | None = None
+    # Where SGLang measured: "gpu", or "cpu" (--device cpu: its "avail mem" is host RAM).
+    device: str = "gpu"
 
     @property
     def complete(self) -> bool:
@@ -72,7 +81,7 @@ class SizingLog:
         rank_match = self._rank.search(line)
         rank = self._ranks.setdefault(int(rank_match.group(1)) if rank_match else 0, {})
         if (m := self._found(line, 0)) is not None:
-            avail, usage = float(m.group(1)), float(m.group(2))
+            avail, usage = max(0.0, float(m.group(1))), max(0.0, float(m.group(2)))
             rank["pre_load_free_bytes"] = int((avail + usage) * GiB)
             rank["weights_bytes"] = int(usage * GiB)
         elif (m := self._found(line, 1)) is not None:
@@ -80,7 +89,7 @@ class SizingLog:
         elif (m := self._found(line, 2)) is not None:
             rank["host_pool_tokens"] = rank.get("host_pool_tokens", 0) + int(m.group(1))
         elif (m := self._found(line, 3)) is not None:
-            rank["free_after_pools_bytes"] = int(float(m.group(1)) * GiB)
+            rank["free_after_pools_bytes"] = int(max(0.0, float(m.group(1))) * GiB)
 
     def measurement(self) -> Measurement:
         """The binding value of each number: the least free memory and tokens, the most weights."""
@@ -170,6 +179,13 @@ def add_record(records: Sequence[Record], new: Record) -> tuple[Record, ...]:
 
 
 def latest_for(records: Sequence[Record], deployment: Deployment) -> Record | None:
-    """The newest complete measurement of this deployment."""
-    found = [r for r in records if r.deployment.matches(deployment) and r.measurement.complete]
+    """The newest complete GPU measurement of this deployment (one taken on `--device cpu`
+    measured host RAM: it never sizes a GPU)."""
+    found = [
+        r
+        for r in records
+        if r.deployment.matches(deployment)
+        and r.measurement.complete
+        and r.measurement.device == "gpu"
+    ]
     return max(found, key=lambda r: r.at) if found else None

@@ -64,6 +64,7 @@ class LaunchPlan:
     hicache_storage_backend: str | None = None
     host: str = "127.0.0.1"
     port: int = 30000
+    device: str | None = None  # --device; None: SGLang detects it (utils/common.py get_device)
     base_gpu_id: int = 0
     gpu_id_step: int = 1
     weight_loader_disable_mmap: bool = False
@@ -133,8 +134,17 @@ class LaunchPlan:
             return "ratio"
         return "auto"
 
+    @property
+    def on_cpu(self) -> bool:
+        """`--device cpu`: the ranks use host memory and no GPU, and what SGLang calls "avail
+        mem" is host RAM (get_available_gpu_memory's cpu branch, utils/common.py)."""
+        return self.device == "cpu"
+
     def local_gpu_ids(self) -> tuple[int, ...]:
-        """GPU index of each local scheduler, as SGLang maps them (docs/sglang.md §3)."""
+        """GPU index of each local scheduler, as SGLang maps them (docs/sglang.md §3); none on
+        `--device cpu`."""
+        if self.on_cpu:
+            return ()
         tp_per_node = max(1, self.tp_size // self.nnodes) if self.pp_size == 1 else self.tp_size
         pp_per_node = max(1, self.pp_size // self.nnodes) if self.pp_size > 1 else 1
         ids: list[int] = []

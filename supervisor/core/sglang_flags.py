@@ -128,6 +128,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("hicache_storage_backend", ("--hicache-storage-backend",), _str),
     Option("host", ("--host",), _str),
     Option("port", ("--port",), _port),
+    Option("device", ("--device",), _str),
     Option("base_gpu_id", ("--base-gpu-id",), _nonneg_int, "a non-negative integer"),
     Option("gpu_id_step", ("--gpu-id-step",), _pos_int, "a positive integer"),
     Option("weight_loader_disable_mmap", ("--weight-loader-disable-mmap",), None),

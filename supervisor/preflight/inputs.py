@@ -77,7 +77,7 @@ def model_checks(model: ModelInfo, plan: LaunchPlan) -> list[Check]:
 def given_gpus(config: SupervisorConfig, plan: LaunchPlan) -> GpuFacts:
     """The GPUs as `[host] gpus` / `gpu_memory` describe them (planning another box)."""
     host = config.host
-    needed = max(plan.local_gpu_ids()) + 1
+    needed = max(plan.local_gpu_ids(), default=-1) + 1  # none on --device cpu
     if host.gpus is not None and host.gpus < needed:
         check = Check(
             "gpus", Status.FAIL, f"the plan needs GPUs 0..{needed - 1}, {host.gpus} given"

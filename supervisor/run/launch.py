@@ -377,6 +377,8 @@ def record_measurement(
         log.info("sizing_not_measured", complete=measured.complete, preflight=fit is not None)
         return
     plan = settings.reader.plan(argv)
+    if plan.on_cpu:
+        measured = dataclasses.replace(measured, device="cpu")
     record = Record(
         deployment=fit.deployment,
         settings=device_settings(plan),
@@ -391,4 +393,5 @@ def record_measurement(
         weights_bytes=measured.weights_bytes,
         pre_load_free_bytes=measured.pre_load_free_bytes,
         host_pool_tokens=measured.host_pool_tokens,
+        device=measured.device,
     )

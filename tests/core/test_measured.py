@@ -118,3 +118,47 @@ def test_records_are_bounded_per_deployment_and_in_all_and_the_newest_is_used():
 def test_a_record_reads_back_from_its_json():
     original = record(12.5)
     assert Record.from_json(original.to_json()) == original
+
+
+def test_signed_numbers_are_read_and_no_size_is_stored_below_zero():
+    log = SizingLog()
+    # SGLang 0.5.23 on CPU: the weights' "mem usage" is a difference of two free readings.
+    log.feed(
+        line(
+            0,
+            "Load weight end. elapsed=0.41 s, type=LlamaForCausalLM, avail mem=21.12 GB, "
+            "mem usage=-0.00 GB.",
+        )
+    )
+    log.feed(line(0, "Memory pool end. avail mem=-0.50 GB"))
+    measured = log.measurement()
+    assert measured.weights_bytes == 0
+    assert measured.pre_load_free_bytes == int(21.12 * GiB)
+    assert measured.free_after_pools_bytes == 0
+    log.feed(
+        line(1, "Load weight end. elapsed=1 s, type=X, avail mem=10.00 GB, mem usage=-2.5 GB.")
+    )
+    assert log.measurement().weights_bytes == 0  # the most weights over the ranks: still 0
+
+
+def test_a_measurement_taken_on_cpu_is_kept_as_such_and_never_sizes_a_gpu():
+    gpu = record(1.0, tokens=150_000)
+    cpu = Record(
+        deployment=deployment(),
+        settings={},
+        measurement=Measurement(
+            pre_load_free_bytes=21 * GiB, weights_bytes=0, device_tokens=40_000, device="cpu"
+        ),
+        at=2.0,
+    )
+    records = add_record(add_record((), gpu), cpu)
+    assert len(records) == 2
+    newest = latest_for(records, deployment())
+    assert newest is not None
+    assert newest.measurement.device_tokens == 150_000
+    assert latest_for((cpu,), deployment()) is None
+    assert Record.from_json(cpu.to_json()).measurement.device == "cpu"
+    # A record written before the field existed was a GPU's.
+    old = gpu.to_json()
+    del old["measurement"]["device"]
+    assert Record.from_json(old).measurement.device == "gpu"

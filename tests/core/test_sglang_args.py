@@ -101,6 +101,15 @@ def test_multi_node_divides_ranks() -> None:
     assert plan.local_ranks == 8
 
 
+def test_a_server_on_cpu_claims_no_gpu() -> None:
+    plan = parse("--tp", "2", "--device", "cpu")
+    assert plan.on_cpu
+    assert plan.local_gpu_ids() == ()
+    assert plan.local_ranks == 2
+    assert not parse("--device", "cuda").on_cpu
+    assert parse().local_gpu_ids() == (0,)  # no --device: SGLang detects it, a GPU here
+
+
 def test_gpu_ids_follow_base_and_step() -> None:
     plan = parse("--tp", "2", "--base-gpu-id", "4", "--gpu-id-step", "2")
     assert plan.local_gpu_ids() == (4, 6)
