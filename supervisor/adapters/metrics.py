@@ -47,6 +47,8 @@ class _Gauges(Collector):
         self._instance = instance
         self._values: dict[tuple[str, str | None], float] = {}
         self._lock = threading.Lock()
+        # Unlabelled gauges read at each collection; None from a reader keeps the event's value.
+        self.live: dict[str, Callable[[], float | None]] = {}
 
     def apply(self, update: Update) -> None:
         key = (update.metric, update.label)
@@ -59,6 +61,10 @@ class _Gauges(Collector):
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             values = dict(self._values)
+        for name, read in self.live.items():
+            value = read()
+            if value is not None:
+                values[(name, None)] = value
         for spec in self._specs:
             family = GaugeMetricFamily(PREFIX + spec.name, spec.help, labels=_labels(spec))
             for (metric, label), value in values.items():
@@ -113,6 +119,11 @@ class SupervisorMetrics:
 
     def _label_values(self, label: str | None) -> list[str]:
         return _values_of(self._instance, label)
+
+    def live_gauge(self, name: str, read: Callable[[], float | None]) -> None:
+        """Gauge `name` is read by `read` at each collection (a scrape, a textfile write),
+        falling back to what the events last set when it gives None."""
+        self._gauges.live[name] = read
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` (quick, never logging) after every event that changed a metric."""

@@ -35,9 +35,11 @@ from supervisor.core.readings import HostMemory, ProcessInfo
 from supervisor.core.units import GB, KiB
 
 if TYPE_CHECKING:
+    from supervisor.adapters.events import QueueEvents as Events
     from supervisor.adapters.gpu_guard import GuardedGpuSensor
     from supervisor.config import RunSettings
     from supervisor.core.ports import GpuSensor
+    from supervisor.run.runner import Runner
     from supervisor.run.state import StateStore
 
 BOX_TOTAL_BYTES = 449 * GB
@@ -298,7 +300,7 @@ def _supervise(
     """Run the production runner on the simulated box until the second `ready`."""
     from supervisor.adapters.events import QueueEvents, signal_event
     from supervisor.adapters.systemd import SdNotifier
-    from supervisor.commands.run import build_runner, run_with_signals
+    from supervisor.commands.run import build_runner
     from supervisor.errors import SupervisorError
     from supervisor.memory.guard import MemoryGuard
     from supervisor.run.state import StateStore
@@ -374,3 +376,16 @@ def run_demo(echo: Callable[[str], None] = click.echo, keep: bool = False) -> in
 def demo(keep: bool) -> None:
     """Run the supervisor's whole story on the simulated seed box (about 15 s, no GPU)."""
     sys.exit(run_demo(keep=keep))
+
+
+def run_with_signals(runner: Runner, events: Events) -> int:
+    """Run the loop as the tree's subreaper with the signals queued as events (the demo)."""
+    from supervisor.adapters.events import install_signal_handlers, restore_signal_handlers
+    from supervisor.adapters.server_process import become_subreaper
+
+    previous = install_signal_handlers(events)
+    become_subreaper()
+    try:
+        return runner.run()
+    finally:
+        restore_signal_handlers(previous)

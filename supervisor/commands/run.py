@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from supervisor.adapters.command import CommandRunner
     from supervisor.adapters.events import QueueEvents
     from supervisor.adapters.gpu_guard import GuardedGpuSensor
+    from supervisor.adapters.metrics import SupervisorMetrics
     from supervisor.core.ports import GpuResetter, GpuSensor, Notifier
     from supervisor.group.board import GroupBoard
     from supervisor.memory.guard import MemoryGuard
@@ -217,6 +218,7 @@ def build_runner(
     reload_hooks: tuple[ReloadHook, ...] = (),
     board: GroupBoard | None = None,
     launcher: CommandRunner | None = None,
+    metrics: SupervisorMetrics | None = None,
 ) -> Runner:
     """The production runner: real processes, HTTP health probes, the system clock. The
     settings are read again at a SIGHUP by `reload_settings` (None: no config file to read).
@@ -231,6 +233,7 @@ def build_runner(
     from supervisor.memory.incident import opener
     from supervisor.run.gpu_events import merged, watch_plugins
     from supervisor.run.group_mode import group_plugins
+    from supervisor.run.metrics import tree_memory_plugins
     from supervisor.run.plugins import RunnerIO
     from supervisor.run.reload import live_probes
     from supervisor.run.runner import Runner
@@ -256,7 +259,8 @@ def build_runner(
     )
     xid_incident = opener(settings.state_dir, "gpu_xid", settings.run.keep_files)
     events_watch = watch_plugins(sensor, store, xid_incident)
-    plugins = merged(guard.plugins, events_watch, group_plugins(settings))
+    live = tree_memory_plugins(metrics)
+    plugins = merged(guard.plugins, events_watch, group_plugins(settings), live)
     plugins = dataclasses.replace(plugins, reload_hooks=(*plugins.reload_hooks, *reload_hooks))
     runner = Runner(settings, store, io, plugins)
     return runner
@@ -313,9 +317,16 @@ def _run_supervisor(
         try:
             # The leader's board: the group's endpoints on the listener, the decision in the loop.
             board = leader_board(settings.group, settings.config.group, os.environ)
-            with serve_metrics(settings, board):  # from before the first launch to the end
+            with serve_metrics(settings, board) as metrics:  # before the first launch to the end
                 return _supervise(
-                    settings, store, containment.server, events, reload_settings, board, launcher
+                    settings,
+                    store,
+                    containment.server,
+                    events,
+                    reload_settings,
+                    board,
+                    launcher,
+                    metrics,
                 )
         finally:
             left = launcher.close()  # nothing a hook or a reset started outlives the run
@@ -334,6 +345,7 @@ def _supervise(
     reload_settings: Callable[[], RunSettings] | None = None,
     board: GroupBoard | None = None,
     launcher: CommandRunner | None = None,
+    metrics: SupervisorMetrics | None = None,
 ) -> int:
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.memory.guard import MemoryGuard
@@ -362,6 +374,7 @@ def _supervise(
         reload_hooks=(hooks.reload,),
         board=board,
         launcher=launcher,
+        metrics=metrics,
     )
     log.info(
         "settings",
@@ -383,16 +396,3 @@ def _supervise(
         hooks.close()  # after the fatal event: its hook runs (bounded) before the exit
         if sensor is not None:
             sensor.close()
-
-
-def run_with_signals(runner: Runner, events: QueueEvents) -> int:
-    """Run the loop as the tree's subreaper with the signals queued as events (the demo)."""
-    from supervisor.adapters.events import install_signal_handlers, restore_signal_handlers
-    from supervisor.adapters.server_process import become_subreaper
-
-    previous = install_signal_handlers(events)
-    become_subreaper()
-    try:
-        return runner.run()
-    finally:
-        restore_signal_handlers(previous)

@@ -120,7 +120,9 @@ SPECS: tuple[MetricSpec, ...] = (
         "MemAvailable (capped by cgroup headroom) at the watchdog's last report.",
     ),
     MetricSpec(
-        "tree_memory_bytes", Kind.GAUGE, "The server tree's RssAnon + RssShmem, last report."
+        "tree_memory_bytes",
+        Kind.GAUGE,
+        "The server tree's anon + shmem (its cgroup's, or RssAnon + RssShmem), read at the scrape.",
     ),
     MetricSpec("tree_budget_bytes", Kind.GAUGE, "The tree's expected total (the pre-flight's)."),
     MetricSpec(

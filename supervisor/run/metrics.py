@@ -18,14 +18,17 @@ import structlog
 
 from supervisor import __version__
 from supervisor.adapters.http_server import HttpListener
+from supervisor.adapters.live_reading import LIVE_WAIT_S, LiveReading, tree_memory_source
 from supervisor.adapters.metrics import SupervisorMetrics, TextfileWriter
 from supervisor.config import RunSettings
+from supervisor.core.ports import ServerHandle
 from supervisor.core.units import GB
 from supervisor.errors import ConfigError
 from supervisor.group.board import REPORT_PATH, STATUS_PATH, GroupBoard
 from supervisor.group.health import NodeProbes
 from supervisor.group.setup import listen_address
 from supervisor.log import add_sink, remove_sink
+from supervisor.run.plugins import Component, ComponentFactory, Plugins
 
 log = structlog.get_logger("supervisor.metrics")
 
@@ -149,3 +152,31 @@ def serve_metrics(
             listener.close()
         if writer is not None:
             writer.close()
+
+
+class _LiveTree:
+    """While a server runs, the `tree_memory_bytes` gauge is read from its tree at each scrape."""
+
+    def __init__(self, reading: LiveReading, source: Callable[[], int | None]) -> None:
+        self.reading, self.source = reading, source
+
+    def start(self) -> None:
+        self.reading.set_source(self.source)
+
+    def stop(self, timeout_s: float = 0.0) -> None:
+        self.reading.set_source(None)
+
+
+def tree_memory_plugins(metrics: SupervisorMetrics | None, wait_s: float = LIVE_WAIT_S) -> Plugins:
+    """The component that makes the tree's memory in the metrics a reading taken at the scrape,
+    not the watchdog's last report (none without metrics)."""
+    if metrics is None:
+        return Plugins()
+    reading = LiveReading(wait_s)
+    metrics.live_gauge("tree_memory_bytes", reading.read)
+
+    def live_tree(server: ServerHandle, _post: object, _info: object) -> Component:
+        return _LiveTree(reading, tree_memory_source(server))
+
+    factory: ComponentFactory = live_tree
+    return Plugins(components=(factory,))
