@@ -9,7 +9,9 @@ import requests
 from supervisor.core.lifecycle import HealthStatus
 
 # SGLang's /health runs a one-token generation with a 20 s limit (SGLANG_HEALTH_CHECK_TIMEOUT,
-# docs/sglang.md §4), so the probe's own timeout must be longer: 25 s by default.
+# docs/sglang.md §4), so the probe's own timeout must be longer: 25 s by default. It answers 200
+# no sooner than 1 s after the request (its handler sleeps first): config refuses a limit under
+# two of those looks on /health and /health_generate (config/sections.py).
 DEFAULT_TIMEOUT_S = 25.0
 
 

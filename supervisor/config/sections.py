@@ -19,6 +19,7 @@ from supervisor.config.hooks import HooksConfig
 from supervisor.config.limits import MAX_ARG_CHARS, check_limits
 from supervisor.config.metrics_sections import HttpConfig, MetricsConfig
 from supervisor.core.bounded import shown
+from supervisor.core.sglang_facts import HEALTH_ENDPOINTS, HEALTH_FIRST_LOOK_S
 from supervisor.core.units import GB, GiB
 from supervisor.errors import ConfigError
 
@@ -182,6 +183,10 @@ class PreflightConfig:
         check_limits(self, "preflight")
 
 
+# Two of SGLang's looks at its /health generation (sglang_facts.HEALTH_FIRST_LOOK_S each).
+HEALTH_TIMEOUT_FLOOR_S = 2 * HEALTH_FIRST_LOOK_S
+
+
 @dataclasses.dataclass(**_FROZEN)
 class RunConfig:
     """`sglang-supervisor run`: health checks, restarts, stop Keys are flat."""
@@ -195,7 +200,7 @@ class RunConfig:
     health_path: str = "/health"
     health_interval_s: float = 10.0
     # SGLang's /health runs a one-token generation with a 20 s limit (docs/sglang.md §4).
-    health_timeout_s: float = 25.0
+    health_timeout_s: float = 25.0  # at least HEALTH_TIMEOUT_FLOOR_S on /health*
     failure_threshold: int = 3  # consecutive failed health checks = dead
     startup_timeout_s: float = 3600.0  # hard limit, even while the load progresses
     startup_stall_timeout_s: float = 600.0  # no memory growth and no log line for this long
@@ -265,6 +270,7 @@ class RunConfig:
             raise bad("max_restarts", "must not be negative", self.max_restarts)
         if not self.health_path.startswith("/"):
             raise bad("health_path", "must start with /", self.health_path)
+        self._check_health_timeout()
         if not -1000 <= self.oom_score_adj <= 1000:
             raise bad("oom_score_adj", "must be in [-1000, 1000]", self.oom_score_adj)
         if self.cgroup not in ("auto", "off"):
@@ -276,6 +282,20 @@ class RunConfig:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise bad("log_level", "must be debug, info, warning or error", self.log_level)
         check_limits(self, "run")
+
+    def _check_health_timeout(self) -> None:
+        """SGLang's /health answers 200 no sooner than its first look, 1 s after the request,
+        and only if the generation came back by then; else at the next look, 1 s later. A limit
+        under two looks times out a healthy but busy server (under one: every probe)."""
+        path = self.health_path.split("?", 1)[0]
+        if path in HEALTH_ENDPOINTS and self.health_timeout_s < HEALTH_TIMEOUT_FLOOR_S:
+            raise ConfigError(
+                f"config key run.health_timeout (--health-timeout) must be at least "
+                f"{HEALTH_TIMEOUT_FLOOR_S:g} s with run.health_path {path}: SGLang's {path} is a "
+                f"one-token generation it first looks at after sleeping "
+                f"{HEALTH_FIRST_LOOK_S:g} s, then each second (docs/sglang.md §4), so a shorter "
+                f"limit times out a healthy server (got {self.health_timeout_s:g} s)"
+            )
 
 
 @dataclasses.dataclass(**_FROZEN)

@@ -22,6 +22,10 @@ VLM_CACHE_ENV = "SGLANG_VLM_CACHE_SIZE_MB"
 
 # HTTP endpoints the supervisor calls on the server (entrypoints/http_server.py).
 HEALTH_ENDPOINTS = ("/health", "/health_generate")
+# Each is a one-token generation that the handler first looks at after `asyncio.sleep(1)`, then
+# once a second until SGLANG_HEALTH_CHECK_TIMEOUT (0.5.23 `health_generate`, lines 721-800): a
+# 200 takes at least this long, and each probe is a prefill on the server.
+HEALTH_FIRST_LOOK_S = 1.0
 
 # NUMA binding of the schedulers (utils/numa_utils.py); both default to on.
 NUMA_BIND_V2_ENV = "SGLANG_NUMA_BIND_V2"  # bind by running each scheduler under numactl

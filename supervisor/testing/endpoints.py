@@ -2,8 +2,11 @@
 
 Imitated (paths under sglang/srt/): entrypoints/http_server.py `health_generate` (/health and
 /health_generate: 503 while shutting down, with "Health check request received during shutdown.
-Returning 503.", 503 while Starting, otherwise a 1-token generation every rank must answer; a
-failure logs "Health check failed. …" and marks the server UnHealthy, a success marks it Up),
+Returning 503.", 503 while Starting, otherwise a 1-token generation every rank must answer,
+looked at only after the handler's `asyncio.sleep(1)` and each second after it, so a 200 takes
+at least 1 s, and rank 0 logs its "Prefill batch" line (managers/scheduler_metrics_mixin.py
+`log_prefill_stats`); a failure logs "Health check failed. …" and marks the server UnHealthy, a
+success marks it Up),
 `ready` (200 only when Up and not shutting down), the toy /generate (tokenizer_manager.py
 `generate_request`: accepted in every state, draining included, counted in `rid_to_state` until
 answered; the first one installs the tokenizer manager's signal handlers,
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import threading
 import time
 import uuid
@@ -34,6 +38,11 @@ UP = "Up"
 UNHEALTHY = "UnHealthy"
 # How often a request in progress looks whether the server froze meanwhile.
 _TICK_S = 0.01
+# The scheduler's line for the health check's one-token prefill (log_prefill_stats, 0.5.23).
+PREFILL_LINE = (
+    "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.00, "
+    "#running-req: 0, #queue-req: 0, "
+)
 
 
 class RankLink:
@@ -83,6 +92,7 @@ class ServerView:
         self.gracefully_exit = False
         self.frozen = False  # the event loop is blocked (crash dump, final waits): no answers
         self.on_first_generate: Callable[[], None] = lambda: None
+        self.prefill_prefix = ""  # rank 0's log prefix: its scheduler logs the prefill
         self._lock = threading.Lock()
         self._up_at: float | None = None
         self._requests: dict[str, float] = {}  # rid_to_state
@@ -137,12 +147,24 @@ class ServerView:
                 return None
             return self._health_failed(tic)
         timeout_s = self.scenario.health_check_timeout_s
+        looked_s = time.monotonic()
         if all(link.ping(timeout_s) for link in self.ranks):
+            log(self.prefill_prefix, PREFILL_LINE)
+            self._first_look_after(looked_s)
             with self._lock:
                 self._last_receive = time.time()
                 self.status = UP
             return 200
         return self._health_failed(tic)
+
+    def _first_look_after(self, started_s: float) -> None:
+        """Wait for the handler's first look that follows the answer: it sleeps
+        health_delay_s, then looks, and sleeps again while nothing came back."""
+        delay_s = self.scenario.health_delay_s
+        if delay_s <= 0:
+            return
+        looks = max(1, math.ceil((time.monotonic() - started_s) / delay_s))
+        time.sleep(max(0.0, started_s + looks * delay_s - time.monotonic()))
 
     def _health_failed(self, tic: float) -> int:
         with self._lock:

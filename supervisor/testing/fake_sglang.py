@@ -204,6 +204,8 @@ class Launcher:
         links = [link for _, _, link in self.schedulers]
         self.view.ranks = links
         self.wait_ready()
+        if self.procs.ranks:
+            self.view.prefill_prefix = self.procs.ranks[0].log_prefix
         if self.plan.node_rank >= 1:
             self.serve_worker_node()
             return

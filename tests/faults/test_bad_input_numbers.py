@@ -128,6 +128,15 @@ def test_a_duration_variable_is_bounded_and_named(tmp_path, capsys, monkeypatch)
         ({"host": {"gpu_memory": "5TiB"}}, "host.gpu_memory (--gpu-memory) must be at most"),
         ({"run": {"health_interval": "1ms"}}, "run.health_interval must be at least 10 ms"),
         (
+            {"run": {"health_timeout": "1500ms"}},
+            "run.health_timeout (--health-timeout) must be at least 2 s with run.health_path "
+            "/health: SGLang's /health is a one-token generation",
+        ),
+        (
+            {"run": {"health_timeout": "1s", "health_path": "/health_generate"}},
+            "must be at least 2 s with run.health_path /health_generate",
+        ),
+        (
             {"host": {"numa": [{"node": 0, "mem_available": "200GB", "gpus": [0, 1, 2, 3]}] * 2}},
             "NUMA node(s) 0 given more than once",
         ),
@@ -149,12 +158,26 @@ def test_a_refused_value_in_the_file_names_its_key(tmp_path, capsys, overrides, 
     [
         (["--backoff-initial", "1e400s", "--backoff-max", "1e400s"], "'--backoff-initial'"),
         (["--health-timeout", "1e10s"], "'--health-timeout'"),
+        (
+            ["--health-timeout", "500ms"],
+            "run.health_timeout (--health-timeout) must be at least 2 s",
+        ),
         (["--stop-grace", "inf"], "'--stop-grace'"),
         (["--failure-threshold", str(10**20)], "from the option --failure-threshold"),
     ],
 )
 def test_a_refused_run_option_is_named(tmp_path, capsys, options, message):
     assert message in refused(capsys, *dry_run(tmp_path, *options))
+
+
+def test_a_short_health_timeout_is_taken_on_a_path_that_generates_nothing(tmp_path, capsys):
+    """The floor is /health's 1 s sleep: a path without it (/ready) may be probed faster."""
+    code, _out, err = cli(
+        capsys,
+        "check-config",
+        str(write_config(tmp_path, {"run": {"health_timeout": "500ms", "health_path": "/ready"}})),
+    )
+    assert code == 0, err
 
 
 @pytest.mark.parametrize("value", ["abc", "1e400s", "-5s"])

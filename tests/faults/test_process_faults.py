@@ -91,7 +91,7 @@ FAULTS: dict[str, Fault] = {
     "health 503 after ready": Fault(scenario={"health_fail_after_s": 0.3}, event="unhealthy"),
     "health never answers": Fault(
         scenario={"health_fail_after_s": 0.3, "health_fail_mode": "no_answer"},
-        run={"health_timeout": "0.5s"},
+        run={"health_timeout": "2s", "failure_threshold": 1},  # /health's floor: two looks
         event="unhealthy",
     ),
     "setsid escapee at stop": Fault(

@@ -24,6 +24,11 @@ MARKER_ENV = "FAKE_SGLANG_MARKER"
 TEST_BYTES_PER_GB = 16 * 1024
 
 
+# SGLang's /health takes at least 1 s (the simulation's health_delay_s default); the suite's
+# launches answer at once unless a test sets the delay (tests/testing/test_fake_sglang.py).
+TEST_HEALTH_DELAY_S = 0.0
+
+
 def fake_server_env(
     scenario: Mapping[str, Any] | None = None,
     *,
@@ -33,7 +38,9 @@ def fake_server_env(
 ) -> dict[str, str]:
     """The environment for a fake launch: os.environ (with the test's marker) + the fake's knobs."""
     env = dict(os.environ if base is None else base)
-    env["FAKE_SGLANG_SCENARIO"] = json.dumps(dict(scenario or {}))
+    env["FAKE_SGLANG_SCENARIO"] = json.dumps(
+        {"health_delay_s": TEST_HEALTH_DELAY_S, **(scenario or {})}
+    )
     env["FAKE_SGLANG_BYTES_PER_GB"] = str(bytes_per_gb)
     if state_dir is not None:
         env["FAKE_GPU_STATE_DIR"] = str(state_dir)

@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -13,6 +14,7 @@ import pytest
 
 from supervisor.core.classify import DeathContext, FailureKind, classify, killed_itself
 from supervisor.core.log_phases import marks_in
+from supervisor.testing.scenario import parse_scenario
 from tests.testing.support import fake_server_env, http_json, run_fake_to_exit
 from tests.waiting import wait_until
 
@@ -51,6 +53,24 @@ def test_health_is_refused_then_503_while_warming_then_200(start_fake_server):
     assert server.status("/ready") == 200
     assert server.status("/health_generate") == 200
     assert "The server is fired up and ready to roll!" in server.log_text()
+
+
+def test_the_health_delay_is_sglangs_one_second_by_default():
+    """SGLang's /health sleeps 1 s before it looks at its one-token generation, and the
+    scheduler logs that generation's prefill: by default the simulation does the same."""
+    assert parse_scenario("").health_delay_s == 1.0
+
+
+def test_each_health_probe_waits_for_the_delay_and_logs_a_prefill_line(start_fake_server):
+    server = start_fake_server(["--tp-size", "2"], scenario={"health_delay_s": 0.3})
+    wait_until(lambda: server.status() == 200, what="/health 200 once up")
+    before = len(server.log_lines("Prefill batch, #new-seq: 1, #new-token: 1"))
+    started_s = time.monotonic()
+    assert server.status() == 200
+    assert time.monotonic() - started_s >= 0.3  # a lower bound: never early, however loaded
+    prefills = server.log_lines("Prefill batch, #new-seq: 1, #new-token: 1")
+    assert len(prefills) == before + 1
+    assert " TP0] Prefill batch" in prefills[-1]  # rank 0's scheduler logs it
 
 
 def test_each_rank_holds_its_host_pool_as_shared_memory_scaled_by_bytes_per_gb(start_fake_server):
