@@ -7,21 +7,13 @@ import errno
 import requests
 
 from supervisor.core.lifecycle import HealthStatus
+from supervisor.core.listen import probe_host
 
 # SGLang's /health runs a one-token generation with a 20 s limit (SGLANG_HEALTH_CHECK_TIMEOUT,
 # docs/sglang.md §4), so the probe's own timeout must be longer: 25 s by default. It answers 200
 # no sooner than 1 s after the request (its handler sleeps first): config refuses a limit under
 # two of those looks on /health and /health_generate (config/sections.py).
 DEFAULT_TIMEOUT_S = 25.0
-
-
-def probe_host(host: str) -> str:
-    """Where to connect for a server bound to `host` (a wildcard is reached over loopback)."""
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
 
 
 def health_url(host: str, port: int, path: str) -> str:

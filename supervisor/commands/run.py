@@ -227,6 +227,7 @@ def build_runner(
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.credentials import resolve_credentials
     from supervisor.adapters.ledger import open_ledger
+    from supervisor.adapters.listeners import check_port
     from supervisor.adapters.processes import SystemProcesses
     from supervisor.adapters.server_process import SubprocessLauncher
     from supervisor.group.setup import node_handshake
@@ -256,6 +257,7 @@ def build_runner(
         reservations=open_ledger(settings.config.preflight.ledger_dir, settings.instance),
         reload_settings=reload_settings,
         group=node_handshake(settings.group, settings.config, os.environ, board),
+        port_check=check_port,
     )
     xid_incident = opener(settings.state_dir, "gpu_xid", settings.run.keep_files)
     events_watch = watch_plugins(sensor, store, xid_incident)

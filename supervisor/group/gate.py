@@ -17,7 +17,7 @@ import structlog
 
 from supervisor.adapters.background import Background
 from supervisor.adapters.group_http import Answer, Unreachable, url
-from supervisor.adapters.health import probe_host
+from supervisor.core.listen import probe_host
 
 log = structlog.get_logger("supervisor.group")
 

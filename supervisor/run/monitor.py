@@ -25,6 +25,8 @@ from supervisor.core.lifecycle import (
     StartupWatch,
     state_for_startup_probe,
 )
+from supervisor.core.listen import probe_host
+from supervisor.core.listener import PortCheck, PortOwner, foreign_detail
 from supervisor.core.liveness import RankProblem, judge_ranks
 from supervisor.core.ports import Clock, LaunchedServer
 from supervisor.core.readings import GpuState, ProcessInfo
@@ -40,6 +42,9 @@ log = structlog.get_logger("supervisor.run")
 PROGRESS_MIN_GROWTH_BYTES = 64 * MiB
 # Readiness polling while loading: a ready server is noticed within this (the answer wakes the
 # loop when it arrives); cheap for a 20-min load, as /proc is rescanned at most once a second.
+# A refused connection or a 503 comes back at once; SGLang's 200 takes at least 1 s (/health is
+# a generation its handler first looks at after sleeping 1 s) and the next probe starts only
+# after the last answered, so once SGLang is up the poll is in effect 1 s or slower.
 STARTUP_POLL_S = 0.2
 # Once ready the tree is stable: the ranks are re-read from /proc/PID/status every tick and the
 # A refused connection or a 503 comes back at once; SGLang's 200 takes at least 1 s (/health is
@@ -81,6 +86,8 @@ class LaunchMonitor:
         gpu_used_bytes: Callable[[], int] | None = None,
         executor: concurrent.futures.Executor | None = None,
         wake: Callable[[], None] = lambda: None,
+        port_check: Callable[[int, tuple[int, ...]], PortCheck] | None = None,
+        address: tuple[str, int] = ("127.0.0.1", 0),
     ) -> None:
         self.server = server
         self._run = run
@@ -101,6 +108,9 @@ class LaunchMonitor:
         self.ready_since_s: float | None = None
         self._tree: tuple[ProcessInfo, ...] = ()
         self._scanned_s = float("-inf")
+        # (main pid, tree pids) -> who holds the port; None: not checked (tests' fake servers).
+        self._port_check = port_check
+        self.address = address  # where the probe connects: (host, port)
 
     @property
     def run(self) -> RunConfig:
@@ -171,7 +181,8 @@ class LaunchMonitor:
         if new_state is None and self.state is ServerState.LAUNCHING:
             new_state = ServerState.LOADING
         if new_state is ServerState.READY:
-            return TickResult(new_state=new_state)
+            foreign = self._foreign_port()
+            return TickResult(death=foreign) if foreign else TickResult(new_state=new_state)
         run = self.run
         verdict = self.watch.verdict(now, run.startup_stall_timeout_s, run.startup_timeout_s)
         if verdict is StartupVerdict.STALLED:
@@ -182,6 +193,26 @@ class LaunchMonitor:
             return TickResult(death=Death(FailureKind.STARTUP_TIMEOUT, detail))
         left = self.watch.time_left_s(now, run.startup_stall_timeout_s, run.startup_timeout_s)
         return TickResult(new_state=new_state, progressed_s_left=left)
+
+    def _foreign_port(self) -> Death | None:
+        """A 200 from a socket the tree does not hold is another server's: SGLang could not bind
+        its port and will exit 3 (core/listener.py). Never ready for it: a death, named."""
+        if self._port_check is None:
+            return None
+        check = self._port_check(self.server.pid, tuple(p.pid for p in self._tree))
+        verdict = check.verdict
+        host, port = self.address
+        if verdict.owner is PortOwner.UNKNOWN:
+            log.warning("port_unverified", port=port, detail="no TCP table readable in /proc")
+            return None
+        if verdict.owner is PortOwner.OURS:
+            return None
+        detail = foreign_detail(host, port, verdict, check.holder_pid)
+        inode = verdict.foreign[0].inode if verdict.foreign else None
+        log.warning(
+            "foreign_listener", port=port, holder_pid=check.holder_pid, socket=inode, detail=detail
+        )
+        return Death(FailureKind.PORT_IN_USE, detail)
 
     # -- after ready ---------------------------------------------------------------------
 
@@ -239,6 +270,8 @@ def monitor_for(
     """The monitor of one launch, wired to the runner's probe, GPUs, executor and queue."""
     sensor = io.sensor
     make_executor = io.probe_executor
+    port_check = io.port_check
+    target = probe_host(plan.host)
     return LaunchMonitor(
         server,
         run=run,
@@ -252,4 +285,10 @@ def monitor_for(
         ),
         executor=make_executor() if make_executor is not None else None,
         wake=lambda: io.events.put(WakeEvent(Wake.PROBE_DONE)),
+        port_check=(
+            (lambda main, pids: port_check(main, pids, target, plan.port))
+            if port_check is not None
+            else None
+        ),
+        address=(target, plan.port),
     )

@@ -13,6 +13,7 @@ from supervisor.config import RunSettings
 from supervisor.core.checks import FitReport
 from supervisor.core.events import Event
 from supervisor.core.lifecycle import HealthStatus
+from supervisor.core.listener import PortCheck
 from supervisor.core.ports import (
     Clock,
     EventQueue,
@@ -82,6 +83,9 @@ class RunnerIO:
     reload_settings: Callable[[], RunSettings] | None = None
     # Group mode: this node's part in the group's launch decision (None: one box).
     group: GroupHandshake | None = None
+    # (main pid, tree pids, host, port) -> who holds the port SGLang should listen on, asked
+    # when a probe first answers 200 (adapters/listeners.py check_port); None: not checked.
+    port_check: Callable[[int, Sequence[int], str, int], PortCheck] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

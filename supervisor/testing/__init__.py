@@ -29,6 +29,12 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
     startup_s              0.2   load time per rank: the port refuses connections meanwhile
     warmup_s               0.1   after binding: /health and /ready 503 ("Starting") until the
                                  warmup request is done, then 200
+    warmup_tries           120   a port it cannot bind: "[Errno 98] … address already in use",
+                                 then SGLang's warm-up still asks whatever holds the port for
+                                 /model_info (this many times, 1 s apart, 5 s each) and POSTs a
+                                 /generate: "The server is fired up and ready to roll!" if that
+                                 answers (else "Initialization failed. warmup error" and the
+                                 tree killed, -9), then exit 3 (supervisor/testing/warmup.py)
     request_s              0     how long a POST /generate takes (counted in flight meanwhile)
     drain_poll_s           0.05  SIGTERM: the drain looks at the requests in flight this often
                                  (sigterm_watchdog: 5 s in SGLang)
@@ -41,6 +47,11 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                                  SGLANG_CUDA_COREDUMP_BEFORE_CRASH are off (0/false)
     health_check_timeout_s 2.0   /health waits this long for every rank to answer a ping
                                  (SGLANG_HEALTH_CHECK_TIMEOUT, 20 s in SGLang)
+    health_delay_s         1.0   /health looks at its one-token generation only after this
+                                 long, and again each health_delay_s (SGLang's handler sleeps
+                                 1 s per look): a 200 takes at least this long; each /health
+                                 logs rank 0's "Prefill batch, #new-seq: 1, #new-token: 1, …"
+                                 (tests/testing/support.py sets 0 unless a test asks)
     runtime_gb             4.0   private anonymous memory per rank (torch/CUDA/NCCL runtime)
     gpu_total_bytes        -     GPU size for sizing when no state dir (default H200, 143771 MiB)
     weight_bytes_per_rank  20 GiB  weights each rank puts on its GPU

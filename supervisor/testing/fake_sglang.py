@@ -4,7 +4,7 @@ The main process plays SGLang's launcher (launch_server.py, entrypoints/engine.p
 `_launch_subprocesses`, entrypoints/http_server.py): it starts the children
 (supervisor/testing/children.py, ranks.py; their torch world: rendezvous.py, gate.py), serves
 HTTP (endpoints.py), runs the SubprocessWatchdog (watchdog.py) and stops as SGLang stops
-(stopping.py, tokenizers.py).
+(stopping.py, tokenizers.py); a port it cannot bind, as SGLang (warmup.py).
 Contract: supervisor/testing/__init__.py.
 """
 
@@ -33,6 +33,7 @@ from supervisor.testing.ranks import RankSpec, log, log_uvicorn
 from supervisor.testing.scenario import Scenario, ScenarioError, parse_scenario
 from supervisor.testing.stopping import TICK_S, SignalBox
 from supervisor.testing.tokenizers import TokenizerWorkers
+from supervisor.testing.warmup import warm_up_elsewhere
 from supervisor.testing.watchdog import SubprocessWatchdog
 
 USAGE = f"usage: {PROG} [-h] --model-path MODEL_PATH [--tp-size TP_SIZE] [--port PORT] ..."
@@ -203,6 +204,8 @@ class Launcher:
         self.start_children()
         links = [link for _, _, link in self.schedulers]
         self.view.ranks = links
+        if self.procs.ranks:
+            self.view.prefill_prefix = self.procs.ranks[0].log_prefix
         self.wait_ready()
         if self.procs.ranks:
             self.view.prefill_prefix = self.procs.ranks[0].log_prefix
@@ -238,6 +241,8 @@ class Launcher:
                 sys.exit(STARTUP_FAILURE)
             log_uvicorn("ERROR", self._bind_error(exc))
             log_uvicorn("INFO", "Waiting for application shutdown.")
+            if not self.plan.skip_server_warmup:  # the lifespan joins its warm-up thread
+                warm_up_elsewhere(self.plan.host, self.plan.port, self.scenario.warmup_tries)
             log_uvicorn("INFO", "Application shutdown complete.")
             sys.exit(STARTUP_FAILURE)
         log_uvicorn(

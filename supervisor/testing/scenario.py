@@ -78,11 +78,14 @@ class OutputFlood:
 class Scenario:
     startup_s: float = 0.2
     warmup_s: float = 0.1
+    warmup_tries: int = 120  # after a failed bind, GET /model_info this often, 1 s apart
     drain_poll_s: float = 0.05
     request_s: float = 0.0
     scheduler_exit_timeout_s: float = 15.0
     crash_dump_wait_s: float = 0.2
     health_check_timeout_s: float = 2.0
+    # /health's handler sleeps 1 s before each look at its generation (SGLang: asyncio.sleep(1))
+    health_delay_s: float = 1.0
     runtime_gb: float = 4.0
     # /health's handler sleeps 1 s before each look at its generation (SGLang: asyncio.sleep(1))
     health_delay_s: float = 1.0

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.faults.support import assert_invariants, faulted, recovered, refused
+from tests.testing.support import stranger_on
 
 pytestmark = pytest.mark.slow
 
@@ -119,9 +120,16 @@ def test_a_port_taken_while_the_server_is_down_is_retried_until_it_is_free(
     tmp_path: Path, free_port: int, simulated_process_guard: str, shm_record: Path
 ):
     """Between a death and the relaunch someone binds the port: the relaunch fails (uvicorn
-    exits 3 on a port it cannot bind) and is retried; once the port is free, it comes back."""
+    cannot bind its port; the holder never answers, so SGLang's warm-up gives up, here after
+    one try, and kills its tree) and is retried; once the port is free, it comes back."""
     run = {"backoff_initial": "2s", "backoff_max": "2s", "max_restarts": 20}
-    with faulted(tmp_path, free_port, simulated_process_guard, overrides={"run": run}) as sup:
+    with faulted(
+        tmp_path,
+        free_port,
+        simulated_process_guard,
+        overrides={"run": run},
+        scenario={"warmup_tries": 1},
+    ) as sup:
         sup.wait_event("ready")
         os.kill(sup.schedulers()["sglang::scheduler_TP1"], signal.SIGKILL)
         sup.wait_event("restarting")  # the tree is gone: the port is free for 2 s
@@ -129,4 +137,30 @@ def test_a_port_taken_while_the_server_is_down_is_retried_until_it_is_free(
             sup.wait_event("server_failed", count=2)
             assert "address already in use" in sup.log_text()
         recovered(sup, ready_count=2)
+    assert_invariants(tmp_path, sup, shm_record)
+
+
+def test_a_foreign_server_answering_on_the_port_is_never_taken_for_ready(
+    tmp_path: Path, free_port: int, simulated_process_guard: str, shm_record: Path
+):
+    """After the pre-flight found the port free, another server takes it and answers /health
+    200 while ours loads: the socket that answers is not the tree's, so the launch is never
+    ready; it ends as port_in_use naming the holder (this test's process), twice, exit 4."""
+    with faulted(tmp_path, free_port, simulated_process_guard, scenario={"startup_s": 5.0}) as sup:
+        sup.wait_event("launching")
+        with stranger_on(free_port) as seen:
+            fatal = refused(sup, 4, "port_in_use")
+        assert "GET /health" in seen
+        assert sup.events("ready") == []
+        foreign = sup.events("foreign_listener")
+        assert foreign, sup.log_text()[-2000:]
+        assert foreign[0]["holder_pid"] == os.getpid()
+        assert f"127.0.0.1:{free_port}" in foreign[0]["detail"]
+        failed = sup.events("server_failed")
+        assert [e["failure"] for e in failed] == ["port_in_use", "port_in_use"]
+        assert "port is taken by another process" in failed[0]["hint"]
+        unhealthy = sup.events("unhealthy")[0]
+        assert unhealthy["cause"] == "port_in_use"
+        assert f"pid {os.getpid()}" in unhealthy["detail"]
+        assert fatal["exit_code"] == 4
     assert_invariants(tmp_path, sup, shm_record)

@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +24,14 @@ MARKER_ENV = "FAKE_SGLANG_MARKER"
 # Tests express "300 GB" host pools in KiB of real memory: 16 KiB per simulated GB keeps an
 # 8-rank × 300 GB server under 40 MiB (the suite's real-memory budget is tens of MiB).
 TEST_BYTES_PER_GB = 16 * 1024
-
-
 # SGLang's /health takes at least 1 s (the simulation's health_delay_s default); the suite's
 # launches answer at once unless a test sets the delay (tests/testing/test_fake_sglang.py).
 TEST_HEALTH_DELAY_S = 0.0
 
 
+# SGLang's /health takes at least 1 s (the simulation's health_delay_s default); the suite's
+# launches answer at once unless a test sets the delay (tests/testing/test_fake_sglang.py).
+TEST_HEALTH_DELAY_S = 0.0
 def fake_server_env(
     scenario: Mapping[str, Any] | None = None,
     *,
@@ -220,3 +223,43 @@ def run_gpu_tool(
 
 def fake_gpu(*args: str, state_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
     return run_gpu_tool("supervisor.testing.fake_gpu", *args, state_dir=state_dir)
+
+
+class _Stranger(BaseHTTPRequestHandler):
+    """Any server that answers 200 to everything (another SGLang, say); records what it got."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append(f"{self.command} {self.path}")
+        body = json.dumps({"is_generation": True, "model_path": "someone/else"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer  # noqa: N815 - stdlib names
+
+
+@contextlib.contextmanager
+def stranger_on(port: int, host: str = "127.0.0.1") -> Iterator[list[str]]:
+    """A foreign HTTP server on `port` (this test's process) for as long as the block runs;
+    yields the requests it answered ("GET /health", ...)."""
+    seen: list[str] = []
+    handler = type("Stranger", (_Stranger,), {"seen": seen})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

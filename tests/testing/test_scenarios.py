@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from supervisor.testing import gpu_state
-from tests.testing.support import FakeServer
+from tests.testing.support import FakeServer, stranger_on
 from tests.waiting import wait_until
 
 
@@ -144,12 +144,30 @@ def test_exit_code_on_start_dies_while_loading(start_fake_server):
     assert "kill_process_tree called:" in log
 
 
-def test_a_taken_port_exits_1_with_uvicorns_message(start_fake_server, free_port):
+def test_a_port_held_by_a_server_that_answers_is_warmed_up_there_fired_up_and_exit_3(
+    start_fake_server, free_port
+):
+    """SGLang's warm-up thread runs although its bind failed: it reaches the other server,
+    calls itself fired up, and uvicorn still exits 3 (STARTUP_FAILURE)."""
+    with stranger_on(free_port) as seen:
+        server = start_fake_server(port=free_port)
+        assert server.proc.wait(timeout=30) == 3
+    log = server.log_text()
+    assert "address already in use" in log
+    assert "The server is fired up and ready to roll!" in log
+    assert log.index("address already in use") < log.index("fired up")
+    assert {"GET /model_info", "POST /generate"} <= set(seen)
+
+
+def test_a_taken_port_whose_holder_never_answers_ends_the_warmup_with_a_self_kill(
+    start_fake_server, free_port
+):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", free_port))
         sock.listen()
-        server = start_fake_server(port=free_port)
-        assert server.proc.wait(timeout=20) == 3  # uvicorn's STARTUP_FAILURE
+        server = start_fake_server(port=free_port, scenario={"warmup_tries": 1})
+        assert server.proc.wait(timeout=30) == -signal.SIGKILL  # kill_process_tree, parent too
+    assert "Initialization failed. warmup error:" in server.log_text()
     assert (
         f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', "
         f"{free_port}): address already in use" in server.log_text()
