@@ -204,11 +204,9 @@ class Launcher:
         self.start_children()
         links = [link for _, _, link in self.schedulers]
         self.view.ranks = links
-        if self.procs.ranks:
-            self.view.prefill_prefix = self.procs.ranks[0].log_prefix
+        self.view.prefill_prefix = self.procs.ranks[0].log_prefix if self.procs.ranks else ""
         self.wait_ready()
-        if self.procs.ranks:
-            self.view.prefill_prefix = self.procs.ranks[0].log_prefix
+        self.view.prefill_prefix = self.procs.ranks[0].log_prefix if self.procs.ranks else ""
         if self.plan.node_rank >= 1:
             self.serve_worker_node()
             return
