@@ -342,7 +342,11 @@ class Runner:
         if drained.cut == "grace" and not worker:  # a worker has no requests of its own
             note_cut(drained, grace_s)
         drained_s = round(drained.drained_s, 3)
-        self.set_state(ServerState.STOPPED, pids=list(drained.pids), drained_s=drained_s)
+        # On its own line a cut drain must not read as a clean one (drain_cut has the count).
+        drain = "exited" if drained.cut is None else f"cut_by_{drained.cut}"
+        self.set_state(
+            ServerState.STOPPED, pids=list(drained.pids), drained_s=drained_s, drain=drain
+        )
 
     # -- helpers -------------------------------------------------------------------------
 

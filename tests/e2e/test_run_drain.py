@@ -67,7 +67,8 @@ def test_a_request_longer_than_the_grace_is_a_drain_cut_with_one_request_remaini
         assert (cut["grace_s"], cut["remaining_requests"], cut["level"]) == (3.0, 1, "warning")
         assert cut["drained_s"] >= 3.0
         assert 0.0 <= cut["counted_after_s"] <= cut["drained_s"]
-        assert sup.wait_event("stopped")["drained_s"] == cut["drained_s"]
+        stopped = sup.wait_event("stopped")
+        assert (stopped["drained_s"], stopped["drain"]) == (cut["drained_s"], "cut_by_grace")
         assert sup.tree() == []
 
 
@@ -90,6 +91,7 @@ def test_a_request_shorter_than_the_grace_drains_with_no_cut_and_its_duration_lo
         assert not sup.events("drain_cut")
         stopped = sup.wait_event("stopped")
         assert 0.0 < stopped["drained_s"] < 60.0
+        assert stopped["drain"] == "exited"
         output = [e["line"] for e in sup.events("server_output")]
         assert any("Remaining number of requests 1." in line for line in output)
         assert sup.tree() == []

@@ -61,6 +61,7 @@ def test_a_grace_that_runs_out_is_a_drain_cut_with_sglang_s_last_count(tmp_path:
     assert 5.0 <= cut["drained_s"] < 5.2  # until the grace's end (one 0.1 s poll late at most)
     stopped = _event(logs, "stopped")
     assert stopped["drained_s"] == cut["drained_s"]
+    assert stopped["drain"] == "cut_by_grace"  # on its own line too: no clean drain
     assert names(logs)[-2:] == ["stopping", "stopped"]
     mapper = EventMapper(lambda _argv: None)
     assert mapper.feed(cut, mono_s=0.0, wall_s=0.0) == [Update("drains_cut_total", Op.INC)]
@@ -81,7 +82,9 @@ def test_a_drain_that_ends_in_time_is_no_cut_and_stopped_says_how_long_it_took(t
     with capture_logs() as logs:
         assert runner(w, settings(tmp_path, stop_grace_s=60.0), watch_gpus=False).run() == 0
     assert not [e for e in logs if e["event"] == "drain_cut"]
-    assert 3.0 <= _event(logs, "stopped")["drained_s"] < 3.2
+    stopped = _event(logs, "stopped")
+    assert 3.0 <= stopped["drained_s"] < 3.2
+    assert stopped["drain"] == "exited"
 
 
 @pytest.mark.parametrize("second", ["SIGINT", "worker"])
@@ -98,4 +101,6 @@ def test_a_second_signal_or_a_worker_node_s_grace_is_no_drain_cut(tmp_path: Path
     with capture_logs() as logs:
         assert runner(w, settings(tmp_path, args, stop_grace_s=60.0), watch_gpus=False).run() == 0
     assert not [e for e in logs if e["event"] == "drain_cut"]
-    assert "drained_s" in _event(logs, "stopped")
+    stopped = _event(logs, "stopped")
+    assert "drained_s" in stopped
+    assert stopped["drain"] == ("cut_by_signal" if second == "SIGINT" else "cut_by_grace")
