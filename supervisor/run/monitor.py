@@ -47,9 +47,6 @@ PROGRESS_MIN_GROWTH_BYTES = 64 * MiB
 # after the last answered, so once SGLang is up the poll is in effect 1 s or slower.
 STARTUP_POLL_S = 0.2
 # Once ready the tree is stable: the ranks are re-read from /proc/PID/status every tick and the
-# A refused connection or a 503 comes back at once; SGLang's 200 takes at least 1 s (/health is
-# a generation its handler first looks at after sleeping 1 s) and the next probe starts only
-# after the last answered, so once SGLang is up the poll is in effect 1 s or slower.
 # whole of /proc rescanned this often. A full scan every second was ~0.3 % of a core at idle,
 # most of the supervisor's idle cost; kill_all() rescans on its own, so escapees are still found.
 READY_RESCAN_S = 10.0

@@ -58,11 +58,6 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
     cuda_context_bytes     0     GPU memory a rank takes before SGLang measures free memory
     max_total_num_tokens   -     device KV tokens per rank (default: sized as SGLang sizes it)
     leak                   {rank 0, bytes_per_s 1 MiB, after_s 0, max_bytes 32 MiB,
-    health_delay_s         1.0   /health looks at its one-token generation only after this
-                                 long, and again each health_delay_s (SGLang's handler sleeps
-                                 1 s per look): a 200 takes at least this long; each /health
-                                 logs rank 0's "Prefill batch, #new-seq: 1, #new-token: 1, …"
-                                 (tests/testing/support.py sets 0 unless a test asks)
                             kind "anon"|"shmem"}: real bytes (not scaled), touched, growing
                            until max_bytes; anon shows as RssAnon, shmem as RssShmem
     crash                  {rank 0, after_s 0, signal "SIGKILL"|9 | exit_code N}: the rank kills

@@ -206,7 +206,6 @@ class Launcher:
         self.view.ranks = links
         self.view.prefill_prefix = self.procs.ranks[0].log_prefix if self.procs.ranks else ""
         self.wait_ready()
-        self.view.prefill_prefix = self.procs.ranks[0].log_prefix if self.procs.ranks else ""
         if self.plan.node_rank >= 1:
             self.serve_worker_node()
             return

@@ -87,8 +87,6 @@ class Scenario:
     # /health's handler sleeps 1 s before each look at its generation (SGLang: asyncio.sleep(1))
     health_delay_s: float = 1.0
     runtime_gb: float = 4.0
-    # /health's handler sleeps 1 s before each look at its generation (SGLang: asyncio.sleep(1))
-    health_delay_s: float = 1.0
     gpu_total_bytes: int | None = None
     weight_bytes_per_rank: int = 20 << 30
     cuda_context_bytes: int = 0

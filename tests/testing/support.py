@@ -29,9 +29,6 @@ TEST_BYTES_PER_GB = 16 * 1024
 TEST_HEALTH_DELAY_S = 0.0
 
 
-# SGLang's /health takes at least 1 s (the simulation's health_delay_s default); the suite's
-# launches answer at once unless a test sets the delay (tests/testing/test_fake_sglang.py).
-TEST_HEALTH_DELAY_S = 0.0
 def fake_server_env(
     scenario: Mapping[str, Any] | None = None,
     *,
