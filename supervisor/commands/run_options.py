@@ -57,7 +57,7 @@ _RUN_OPTIONS: tuple[tuple[str, str, Any, str], ...] = (
     ),
     ("--health-path", "health_path", str, "Health endpoint (default /health)."),
     ("--health-interval", "health_interval_s", _DURATION, "Health check period (default 10s)."),
-    ("--health-timeout", "health_timeout_s", _DURATION, "One health check's limit (25s)."),
+    ("--health-timeout", "health_timeout_s", _DURATION, "Check limit (25s, >= 2s on /health)."),
     ("--failure-threshold", "failure_threshold", int, "Consecutive failed checks = dead (3)."),
     ("--startup-timeout", "startup_timeout_s", _DURATION, "Hard load limit (default 60min)."),
     (
