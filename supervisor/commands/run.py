@@ -220,9 +220,8 @@ def build_runner(
     launcher: CommandRunner | None = None,
     metrics: SupervisorMetrics | None = None,
 ) -> Runner:
-    """The production runner: real processes, HTTP health probes, the system clock. The
-    settings are read again at a SIGHUP by `reload_settings` (None: no config file to read).
-    `launcher` runs the GPU reset command contained (default: /proc mode)."""
+    """The production runner: real processes, HTTP probes, the system clock; `reload_settings`
+    reads the settings again at a SIGHUP (None: no file); `launcher` contains the reset command."""
     from supervisor.adapters import shm
     from supervisor.adapters.clock import SystemClock
     from supervisor.adapters.credentials import resolve_credentials
