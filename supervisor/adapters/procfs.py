@@ -46,6 +46,12 @@ def parse_stat(pid: int, text: str) -> _Stat | None:
         return None
 
 
+def title_from_cmdline(raw: bytes) -> str:
+    """/proc/PID/cmdline as ps shows it. setproctitle writes the title over the argv area and
+    pads the rest with spaces (or NULs), so the padding is stripped."""
+    return raw.replace(b"\0", b" ").decode("utf-8", errors="replace").strip()
+
+
 def parse_status(text: str) -> dict[str, str]:
     fields: dict[str, str] = {}
     for line in text.splitlines():
@@ -123,7 +129,7 @@ class ProcReader:
             raw = (self.root / str(pid) / "cmdline").read_bytes()
         except OSError:
             raw = b""
-        title = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", errors="replace")
+        title = title_from_cmdline(raw)
         if title:
             return title
         stat = self._stat(pid)

@@ -6,6 +6,10 @@ per member and read, and an open file keeps naming the same process (a recycled 
 directory). A pidfd per member serves the kill (pidfd_send_signal, process_mrelease) and the
 exit watch: a pidfd becomes readable when its process exits, so a dead rank is an event, not
 something a 1 s tick finds.
+
+A member's title is kept once it is SGLang's and no longer its parent's: a forked child carries
+its parent's title until it execs or titles itself (a scheduler's subprocess during init, a spawn
+child of the DP controller before its exec), so a title equal to the parent's is read again.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor.adapters.procfs import info_from, parse_stat, parse_status
+from supervisor.adapters.procfs import info_from, parse_stat, parse_status, title_from_cmdline
 from supervisor.adapters.reclaim import open_pidfd
 from supervisor.core.readings import ProcessInfo
 
@@ -34,6 +38,7 @@ class _Member:
     status_fd: int
     pidfd: int | None
     title: str
+    settled: bool = False  # the title is final: SGLang's, and not inherited from the parent
 
 
 def _pread_text(fd: int) -> str:
@@ -51,7 +56,7 @@ class TreeReader:
 
     def read(self, pids: Iterable[int], *, titles: bool = False) -> tuple[ProcessInfo, ...]:
         """The given PIDs that still exist (zombies included). `titles`: re-read the command
-        line of members not yet titled like SGLang (a rank sets its title after it starts)."""
+        line of members whose title is not settled (a rank sets its title after it starts)."""
         out = []
         with self._lock:
             for pid in sorted(set(pids)):
@@ -87,8 +92,9 @@ class TreeReader:
             return None
         if stat is None:
             return None
-        if titles and not member.title.startswith(_SGLANG_TITLE):
+        if titles and not member.settled:
             member.title = self._title(pid) or member.title
+            member.settled = self._is_settled(member.title, stat.ppid)
         return info_from(stat, status, member.title)
 
     def _open(self, pid: int) -> _Member | None:
@@ -106,6 +112,8 @@ class TreeReader:
             return None
         pidfd = open_pidfd(pid) if self.root == Path("/proc") else None
         member = _Member(stat_fd, status_fd, pidfd, self._title(pid))
+        ppid = self._ppid_of(stat_fd, pid)
+        member.settled = ppid is not None and self._is_settled(member.title, ppid)
         self._members[pid] = member
         self.on_new_member(pid, pidfd)
         return member
@@ -124,7 +132,18 @@ class TreeReader:
             raw = (self.root / str(pid) / "cmdline").read_bytes()
         except OSError:
             return ""
-        return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", errors="replace")
+        return title_from_cmdline(raw)
+
+    def _is_settled(self, title: str, ppid: int) -> bool:
+        return title.startswith(_SGLANG_TITLE) and title != self._title(ppid)
+
+    @staticmethod
+    def _ppid_of(stat_fd: int, pid: int) -> int | None:
+        try:
+            stat = parse_stat(pid, _pread_text(stat_fd))
+        except OSError:
+            return None
+        return None if stat is None else stat.ppid
 
     def _drop(self, pid: int) -> None:
         member = self._members.pop(pid, None)

@@ -1,17 +1,29 @@
-"""Rank liveness: whether the `sglang::scheduler*` processes found in the server tree are all
-there and alive (not missing, zombie `Z` or stopped `T`).
+"""Rank liveness: whether the `sglang::scheduler*` ranks found in the server tree are all there
+and alive (not missing, zombie `Z` or stopped `T`).
 
 Pure: fed with the expected count and the ProcessInfo list the procfs adapter read. HTTP can keep
 answering after a scheduler died (sgl-project/sglang #6624), so this check runs at every tick.
+
+A process titled like a scheduler is a rank only when its parent is SGLang's main process or its
+DP controller. A scheduler runs subprocesses while it initialises (utils/common.py
+`parse_lscpu_topology` runs lscpu on CPU, `get_device_sm_nvidia_smi` nvidia-smi), and a forked
+child carries its parent's title until it execs: counted as a rank, it made "2 of 2" out of one
+rank, and "1 of 2" a death once it exited. The main process keeps its command line (SGLang
+titles only its subprocesses) and may sit below a wrapper of the server command, so the parent
+is recognised by its title, not by PID: a tree member without an SGLang title, or the
+`sglang::data_parallel_controller`. Ranks are counted by their title's rank suffix
+(`_DP0_TP1`, managers/scheduler.py `configure_scheduler_process`), one per suffix, not per
+process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 from supervisor.core.readings import ProcessInfo
+from supervisor.core.sglang_facts import DP_CONTROLLER_TITLE, TITLE_PREFIX
 from supervisor.core.sglang_facts import SCHEDULER_TITLE_PREFIX as SCHEDULER_PREFIX
 
 # setproctitle also sets /proc/PID/comm, cut to 15 bytes (TASK_COMM_LEN 16). A zombie has an
@@ -19,8 +31,37 @@ from supervisor.core.sglang_facts import SCHEDULER_TITLE_PREFIX as SCHEDULER_PRE
 _SCHEDULER_COMM = SCHEDULER_PREFIX[:15]
 
 
+def clean_title(title: str) -> str:
+    """A title as SGLang set it: setproctitle pads the rest of the argv area with spaces."""
+    return title.strip()
+
+
 def is_scheduler_title(title: str) -> bool:
+    title = clean_title(title)
     return title.startswith(SCHEDULER_PREFIX) or title == _SCHEDULER_COMM
+
+
+def rank_key(info: ProcessInfo) -> str:
+    """What names one rank: its title's suffix ("" at TP 1). A bare comm names no rank, so each
+    process known only by it counts on its own."""
+    title = clean_title(info.title)
+    if title == _SCHEDULER_COMM:
+        return f"pid {info.pid}"
+    return title.removeprefix(SCHEDULER_PREFIX)
+
+
+def ranks_of(processes: Sequence[ProcessInfo]) -> list[ProcessInfo]:
+    """The scheduler processes that are ranks: their parent is a member of the tree that is
+    SGLang's main process (no SGLang title) or its DP controller."""
+    titles = {p.pid: clean_title(p.title) for p in processes}
+
+    def launches_ranks(pid: int) -> bool:
+        title = titles.get(pid)
+        if title is None:
+            return False  # reparented: its parent is gone, or it is no child of the tree
+        return not title.startswith(TITLE_PREFIX) or title == DP_CONTROLLER_TITLE
+
+    return [p for p in processes if is_scheduler_title(p.title) and launches_ranks(p.ppid)]
 
 
 class RankProblem(str, Enum):
@@ -53,16 +94,16 @@ class RankVerdict:
 def judge_ranks(
     processes: Iterable[ProcessInfo], expected: int, all_seen_before: bool
 ) -> RankVerdict:
-    """Judge the scheduler processes of one server tree.
+    """Judge the scheduler ranks of one server tree (`ranks_of`), counted by rank suffix.
 
     `all_seen_before`: the full set has been alive at some earlier tick (or the server answered
     ready). Until then, fewer schedulers than expected means they are still being spawned.
     """
-    schedulers = [p for p in processes if is_scheduler_title(p.title)]
+    schedulers = ranks_of(tuple(processes))
     died = [p for p in schedulers if p.is_zombie and p.exit_status]
     zombies = tuple(p.pid for p in schedulers if p.is_zombie and not p.exit_status)
     stopped = tuple(p.pid for p in schedulers if p.is_stopped)
-    alive = sum(1 for p in schedulers if not p.is_zombie and p.state != "X")
+    alive = len({rank_key(p) for p in schedulers if not p.is_zombie and p.state != "X"})
     if died:
         # Seen the moment it exits (its pidfd), before SGLang reaps it: a death, not a zombie.
         return RankVerdict(
@@ -94,7 +135,7 @@ def judge_ranks(
             problem=problem,
             expected=expected,
             alive=alive,
-            detail=f"{alive} of {expected} scheduler processes alive",
+            detail=f"{alive} of {expected} scheduler ranks alive",
         )
     return RankVerdict(problem=RankProblem.OK, expected=expected, alive=alive)
 

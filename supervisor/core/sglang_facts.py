@@ -11,6 +11,9 @@ from __future__ import annotations
 # sglang::scheduler[_DP0][_PP0][_ATTN_CP0][_MOE_DP0][_TP0][_EP0], managers/scheduler.py).
 TITLE_PREFIX = "sglang::"
 SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
+# With more than one DP rank the schedulers may be children of this process instead of the main
+# process (managers/data_parallel_controller.py `run_data_parallel_controller_process`).
+DP_CONTROLLER_TITLE = "sglang::data_parallel_controller"
 
 # Crash path: py-spy dump and CUDA core dump before SGLang kills its tree (about 65 s with the
 # GPUs held); the supervisor sets both to 0 unless [server] crash_dumps = true.

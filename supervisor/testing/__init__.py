@@ -101,6 +101,10 @@ Scenario keys (FAKE_SGLANG_SCENARIO; seconds `_s`, bytes `_bytes`, "GB" scaled a
                            ACTION / NAME for "recovery-action" / "unsupported"), and carries on
     dist_timeout_s         60    rendezvous timeout (below; --dist-timeout N wins, as in SGLang)
     nccl_timeout_s         1.0   a rank whose communicator broke hangs after this long (below)
+    init_fork_s            0.013 as it initialises, right after setproctitle, every scheduler forks
+                                 a child that keeps the scheduler's title (and pid as its parent)
+                                 this long, exits 0 and is reaped at once (SGLang runs lscpu or
+                                 nvidia-smi there: ~13 ms before the exec); null: no child
     output_flood           {after_s 0, line_bytes 1 MiB, word_chars 200000, cjk_chars 8000,
                             every_s 0.25, rounds -}: from after_s on, the main process prints,
                            round after round (every_s apart; rounds unset: until it ends), a

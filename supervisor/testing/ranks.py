@@ -99,6 +99,20 @@ def set_title(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
+def run_init_subprocess(lifetime_s: float) -> None:
+    """A subprocess run while the scheduler initialises (utils/common.py `parse_lscpu_topology`
+    runs lscpu on CPU, nvidia-smi on GPUs): forked after the title is set, the child carries the
+    scheduler's title until it execs; here it keeps it for `lifetime_s`, then exits 0. The
+    scheduler waits for it (subprocess.run), so it reaps it at once."""
+    child = os.fork()
+    if child == 0:
+        try:
+            time.sleep(lifetime_s)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+
+
 def touch_memory(size: int, *, shared: bool) -> mmap.mmap:
     """Map `size` bytes of anonymous memory and write every page so it is resident.
 
@@ -212,6 +226,8 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     die_with_parent(spec.parent_pid)
     set_title(spec.title)
     scenario, plan, p = spec.scenario, spec.memory, spec.log_prefix
+    if scenario.init_fork_s is not None:
+        run_init_subprocess(scenario.init_fork_s)
     gpu = _Gpu(spec)
     if plan.cuda_context_bytes:
         gpu.hold(plan.cuda_context_bytes)  # torch's CUDA context, before the first measurement

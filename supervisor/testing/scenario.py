@@ -112,6 +112,7 @@ class Scenario:
     dist_timeout_s: float = 60.0  # rendezvous at --dist-init-addr (--dist-timeout wins)
     nccl_timeout_s: float = 1.0  # a broken communicator hangs the survivors after this long
     output_flood: OutputFlood | None = None  # pathological lines, printed over and over
+    init_fork_s: float | None = 0.013  # each scheduler's init subprocess keeps its title this long
 
 
 _NUMBER = (int, float)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -55,6 +57,56 @@ def test_a_zombie_is_read_with_how_it_ended():
     finally:
         reader.close()
         proc.wait()
+
+
+# A scheduler that forks: its child keeps the parent's title until the test lets it take its own.
+FORKER = """
+import os, sys, time
+os.environ["SPT_NOENV"] = "1"
+import setproctitle
+setproctitle.setproctitle("sglang::scheduler_TP0")
+go = sys.argv[1]
+child = os.fork()
+if child == 0:
+    while not os.path.exists(go):
+        time.sleep(0.01)
+    setproctitle.setproctitle("lscpu -p=CPU,Core,Socket,Node")
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_forked_childs_title_is_read_again_until_it_is_its_own(tmp_path):
+    go = tmp_path / "go"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKER, str(go)], stdout=subprocess.PIPE, text=True
+    )
+    reader = TreeReader()
+    child = 0
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        parent_info, child_info = reader.read([proc.pid, child], titles=True)
+        # setproctitle pads the argv area: the padding is stripped.
+        assert parent_info.title == "sglang::scheduler_TP0"
+        assert child_info.title == "sglang::scheduler_TP0"  # the parent's, inherited
+        go.touch()
+        retitled = wait_until(
+            lambda: (r := reader.read([child], titles=True)) and r[0].title.startswith("lscpu"),
+            timeout_s=10,
+            what="the child's own title",
+        )
+        assert retitled
+    finally:
+        reader.close()
+        if child:
+            os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_the_exit_watcher_calls_back_when_a_watched_process_exits():

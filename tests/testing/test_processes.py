@@ -316,3 +316,28 @@ def test_tokenizer_workers_outlive_a_killed_main_process_and_hold_the_port(
         sock.bind(("127.0.0.1", server.port))
     os.killpg(server.proc.pid, signal.SIGKILL)
     psutil.wait_procs(workers, timeout=10)
+
+
+def test_each_scheduler_forks_a_child_that_carries_its_title_as_it_initialises(
+    start_fake_server, gpu_state_dir
+):
+    """SGLang's init runs a subprocess (lscpu, nvidia-smi): forked after setproctitle, the
+    child has the scheduler's title and the scheduler as its parent until it execs. Here it
+    lives long enough to be seen, and the scheduler waits for it as subprocess.run does."""
+    server = start_fake_server(["--tp", "2"], {"init_fork_s": 600}, state_dir=gpu_state_dir)
+
+    def forked() -> dict[str, psutil.Process] | None:
+        ranks = {t: p for t, p in _children(server.proc.pid).items() if "scheduler" in t}
+        found = {t: _children(p.pid).get(t) for t, p in ranks.items()}
+        children = {t: c for t, c in found.items() if c is not None}
+        return children if len(children) == 2 else None
+
+    children = wait_until(forked, what="each scheduler's forked child")
+    assert children is not None
+    assert sorted(children) == ["sglang::scheduler_TP0", "sglang::scheduler_TP1"]
+    assert server.status() is None  # still initialising: nothing listens yet
+    for child in children.values():
+        os.kill(child.pid, signal.SIGKILL)  # as its exec would end it: the scheduler goes on
+    wait_until(lambda: server.status() == 200, what="server up once the children ended")
+    ranks = [p for t, p in _children(server.proc.pid).items() if "scheduler" in t]
+    assert all(not r.children() for r in ranks)  # each reaped by its scheduler

@@ -87,6 +87,12 @@ def test_stop_keys_default_to_quick_polls_and_sglangs_scheduler_wait():
     assert Scenario().request_s == 0.0
 
 
+def test_the_init_fork_is_on_by_default_like_the_real_server_and_can_be_turned_off():
+    assert Scenario().init_fork_s == 0.013
+    assert parse_scenario('{"init_fork_s": null}').init_fork_s is None
+    assert parse_scenario('{"init_fork_s": 2}').init_fork_s == 2.0
+
+
 def test_a_bad_scale_factor_exits_2():
     env = fake_server_env()
     env["FAKE_SGLANG_BYTES_PER_GB"] = "1MiB"
