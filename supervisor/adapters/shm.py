@@ -1,17 +1,18 @@
-"""/dev/shm for the run loop: list SGLang's pid-stamped segments, remove those a dead tree of
-ours left (the rule is core.shm's)."""
+"""/dev/shm for the run loop: list SGLang's segments, remove those a dead tree of ours left (the
+rule is core.shm's), and see which files live processes still hold (open or mapped)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import structlog
 
 from supervisor.adapters.procfs import ProcReader
-from supervisor.core.shm import Member, Segment, creator_pid, left_by
+from supervisor.core.shm import Member, Segment, is_candidate, is_unstamped, left_by
 
 log = structlog.get_logger("supervisor.shm")
 
@@ -31,14 +32,14 @@ def started_at_s(start_ticks: int) -> float:
 
 
 def segments(directory: Path = SHM_DIR) -> tuple[Segment, ...]:
-    """SGLang's pid-stamped segments in `directory` (unreadable entries skipped)."""
+    """The segments of SGLang's families in `directory` (unreadable entries skipped)."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return ()
     out = []
     for entry in entries:
-        if creator_pid(entry.name) is None:
+        if not is_candidate(entry.name):
             continue
         try:
             st = entry.stat(follow_symlinks=False)
@@ -48,6 +49,91 @@ def segments(directory: Path = SHM_DIR) -> tuple[Segment, ...]:
             Segment(name=entry.name, size_bytes=st.st_size, made_at_s=min(st.st_mtime, st.st_ctime))
         )
     return tuple(out)
+
+
+def held_by_anyone(
+    names: Iterable[str], directory: Path = SHM_DIR, proc_root: Path = Path("/proc")
+) -> Callable[[str], bool]:
+    """Whether a live process holds each of `names` in `directory`: open (/proc/PID/fd) or
+    mapped (/proc/PID/maps), compared by device and inode (glibc's sem_open maps a temporary
+    file it then links under the semaphore's name: maps shows "sem.XXXXXX (deleted)").
+
+    A process whose files cannot be read may hold any file its user could open: the owner's
+    (SGLang and Python make them 0600), or any with group or other access. Root reads every
+    dumpable process; what it cannot read is non-dumpable (a sandbox's init, a setuid program,
+    an agent), never an SGLang or multiprocessing process, so as root the unreadable are no
+    holders."""
+    files: dict[tuple[int, int], str] = {}
+    for name in names:
+        with contextlib.suppress(OSError):
+            st = (directory / name).stat()
+            files[(st.st_dev, st.st_ino)] = name
+    if not files:
+        return lambda _name: False
+    held: set[str] = set()
+    unreadable_uids: set[int] = set()
+    for pid_dir in _pid_dirs(proc_root):
+        found = _held_by(pid_dir, files)
+        if found is None:
+            if os.geteuid() == 0:
+                continue
+            with contextlib.suppress(OSError):
+                unreadable_uids.add(pid_dir.stat().st_uid)
+        else:
+            held |= found
+
+    def is_held(name: str) -> bool:
+        if name in held:
+            return True
+        try:
+            st = (directory / name).stat()
+        except OSError:
+            return True  # gone or unreadable: nothing to remove
+        others_may_open = bool(unreadable_uids) and bool(st.st_mode & 0o077)
+        return st.st_uid in unreadable_uids or others_may_open
+
+    return is_held
+
+
+def _pid_dirs(proc_root: Path) -> list[Path]:
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return []
+    return [proc_root / n for n in names if n.isdigit() and int(n) != os.getpid()]
+
+
+def _held_by(pid_dir: Path, files: Mapping[tuple[int, int], str]) -> set[str] | None:
+    """The files (by device and inode) this process maps or has open; None when it cannot be
+    read (a process gone meanwhile holds nothing)."""
+    found: set[str] = set()
+    try:
+        maps = (pid_dir / "maps").read_text(encoding="utf-8", errors="replace")
+        fds = os.listdir(pid_dir / "fd")
+    except FileNotFoundError:
+        return found
+    except OSError:
+        return None if pid_dir.exists() else found
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address perms offset dev(major:minor hex) inode [path]
+        if len(fields) == 6:
+            found.update(_file_at(files, fields[3], fields[4]))
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            st = os.stat(pid_dir / "fd" / fd)
+            if (name := files.get((st.st_dev, st.st_ino))) is not None:
+                found.add(name)
+    return found
+
+
+def _file_at(files: Mapping[tuple[int, int], str], dev: str, inode: str) -> tuple[str, ...]:
+    major, _, minor = dev.partition(":")
+    try:
+        key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
+    except ValueError:
+        return ()
+    name = files.get(key)
+    return () if name is None else (name,)
 
 
 def _exists(pid: int) -> bool:
@@ -71,7 +157,9 @@ def sweep(
         if ticks > 0
     }
     # A zombie is gone too: its segments are as orphaned as a reaped process's.
-    stale = left_by(segments(directory), members, reader.is_running, _exists)
+    found = segments(directory)
+    is_held = held_by_anyone((s.name for s in found if is_unstamped(s.name)), directory)
+    stale = left_by(found, members, reader.is_running, _exists, is_held)
     removed = freed = 0
     for segment in stale:
         try:

@@ -18,15 +18,31 @@ its creator PID names no process at all now and the segment was made while our t
 earlier than its first member's start). Such a segment could belong to another server's rank
 that died at the same time; removing it is harmless, as SGLang opens a ring buffer by name only
 while its creator lives, and a tree whose rank died is being torn down anyway.
+
+Two families carry no PID. SGLang's load snapshot, `sglang_loads_<instance>_<hash>.shm`
+(managers/load_snapshot.py `shm_path_for`: the instance id is server_args.py's
+`uuid4().hex[:12]`, the hash its 4-byte blake2s), is made by the first scheduler of each
+attention group as it starts and is never unlinked, not even at a clean exit. Python's
+multiprocessing semaphores, `sem.mp-<8 chars>` (multiprocessing/synchronize.py `SemLock`; a lock
+made in a "spawn" process is unlinked only by its finalizer or the resource tracker, both lost
+when the tree is SIGKILLed), are made by libraries in SGLang's processes (tqdm's write lock, for
+one). Such a file is ours to remove when it was made while our tree lived and no process holds
+it now (open or mapped: the writer and every reader of the snapshot map it for their whole life,
+and so does every user of a semaphore). A file whose holders cannot all be read is kept.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 SGL_SHM_PREFIX = "sgl_shm_"
 MULTI_TOKENIZER_PREFIX = "multi_tokenizer_args_"
+_LOADS_NAME = re.compile(r"sglang_loads_([A-Za-z0-9._-]+)_([0-9a-f]{8})\.shm")
+# multiprocessing/synchronize.py: "/mp-" + 8 of tempfile's name characters; glibc adds "sem.".
+_SEMAPHORE_NAME = re.compile(r"sem\.mp-[a-z0-9_]{8}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,19 +76,46 @@ def creator_pid(name: str) -> int | None:
     return pid if pid > 0 else None
 
 
+def is_unstamped(name: str) -> bool:
+    """A file SGLang's tree makes without a PID in its name: the load snapshot (its hash
+    checked, as shm_path_for makes it) or a multiprocessing semaphore."""
+    if _SEMAPHORE_NAME.fullmatch(name):
+        return True
+    loads = _LOADS_NAME.fullmatch(name)
+    if loads is None:
+        return False
+    instance, digest = loads.groups()
+    return hashlib.blake2s(instance.encode(), digest_size=4).hexdigest() == digest
+
+
+def is_candidate(name: str) -> bool:
+    """A name `left_by` may judge (the adapter lists only these)."""
+    return creator_pid(name) is not None or is_unstamped(name)
+
+
 def left_by(
     segments: Iterable[Segment],
     members: Mapping[int, Member],
     is_alive: Callable[[int, int], bool],
     exists: Callable[[int], bool] | None = None,
+    is_held: Callable[[str], bool] | None = None,
 ) -> tuple[Segment, ...]:
     """The segments made by a member of our tree that is dead now (is_alive(pid, ticks)), and,
-    given `exists(pid)`, those made during the tree's life by a PID that is no process now."""
+    given `exists(pid)`, those made during the tree's life by a PID that is no process now; given
+    `is_held(name)`, the unstamped files made during the tree's life that nobody holds."""
     tree_started_at_s = min((m.started_at_s for m in members.values()), default=None)
     out = []
     for segment in segments:
         pid = creator_pid(segment.name)
         if pid is None:
+            if (
+                is_unstamped(segment.name)
+                and is_held is not None
+                and tree_started_at_s is not None
+                and segment.made_at_s >= tree_started_at_s
+                and not is_held(segment.name)
+            ):
+                out.append(segment)
             continue
         member = members.get(pid)
         if member is None:

@@ -273,6 +273,11 @@ process group, a cgroup) leaks them. They are SharedMemory segments, so multipro
 tracker, a child of the main process, unlinks the leftovers once every process holding it has
 exited, when it is not killed itself: a SIGKILL to the main process alone, or SIGTERM while
 loading, loses nothing ("resource_tracker: There appear to be N leaked shared_memory objects").
+Two files carry no PID: the load snapshot sglang_loads_<instance id>_<blake2s>.shm, made and
+mapped by the first scheduler of each attention group at PP stage 0 (12 B + 16 KiB per DP rank),
+never unlinked, not even at a clean stop; and tqdm's write lock, a multiprocessing semaphore
+sem.mp-<8 chars> made by the rank that draws the loading bar, unlinked at its clean exit (or by
+the resource tracker), leaked by a SIGKILL of the tree.
 Stale sweep (stale_shm_cleanup.py `cleanup_stale_shm`, run by SGLang's CI, not by its server):
 a file whose name carries a creator PID (sgl_shm_*: the second-to-last "_" field;
 multi_tokenizer_args_*: the last) is unlinked when that PID is not the sweeper's and os.kill(PID,

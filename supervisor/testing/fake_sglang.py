@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from http.server import ThreadingHTTPServer
 from multiprocessing.process import BaseProcess
@@ -63,6 +64,7 @@ class Launcher:
         self.sizing = size_server(plan, scenario, gpus)
         self.info = server_info(plan, self.sizing, argv)
         self.procs = topology.process_plan(plan)
+        self.instance_id = uuid.uuid4().hex[:12]  # server_args.py PortArgs.init_new
         self.box = SignalBox(ignore_term_int=scenario.ignore_sigterm)
         # SGLang's scheduler_procs: the DP controller first, then the schedulers it launched.
         self.schedulers: list[tuple[str, BaseProcess, RankLink]] = []
@@ -79,6 +81,7 @@ class Launcher:
     def _rank_specs(self) -> list[RankSpec]:
         s = self.sizing
         worlds = rendezvous.worlds(self.plan, self.scenario, len(self.procs.ranks))
+        w = topology.widths(self.plan)
         return [
             RankSpec(
                 title=place.title,
@@ -95,6 +98,7 @@ class Launcher:
                 broadcasts=self._broadcasts(i, place),
                 draws_shard_bar=i == 0 and self.plan.node_rank == 0,
                 world=worlds[i],
+                loads=shm.load_snapshot(self.instance_id, place.loads_slot, w.num_dp_ranks),
             )
             for i, place in enumerate(self.procs.ranks)
         ]

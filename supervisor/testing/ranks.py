@@ -60,6 +60,7 @@ class RankSpec:
     broadcasts: tuple[int | None, ...] = ()
     draws_shard_bar: bool = False  # the first rank of node 0 (SGLang's global rank 0)
     world: World | None = None  # None: no rendezvous (no --dist-init-addr, no gate)
+    loads: tuple[str, int, int] | None = None  # load snapshot it writes: (path, DP ranks, slot)
 
 
 def log(prefix: str, message: str) -> None:
@@ -228,6 +229,7 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     scenario, plan, p = spec.scenario, spec.memory, spec.log_prefix
     if scenario.init_fork_s is not None:
         run_init_subprocess(scenario.init_fork_s)
+    loads = shm.write_load_snapshot(*spec.loads) if spec.loads is not None else None
     gpu = _Gpu(spec)
     if plan.cuda_context_bytes:
         gpu.hold(plan.cuda_context_bytes)  # torch's CUDA context, before the first measurement
@@ -244,6 +246,7 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
         _wait(conn, scenario.startup_s / 2, comm)
         os._exit(scenario.exit_code_on_start)  # dies outside Python's handlers (no SIGQUIT)
     if spec.draws_shard_bar:  # torch.distributed rank 0 (weight_utils.py enable_tqdm)
+        shm.make_write_lock()
         load_shards(scenario.weight_shards, scenario.startup_s, lambda s: _wait(conn, s, comm))
     else:
         _wait(conn, scenario.startup_s, comm)
@@ -258,7 +261,7 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     pool = touch_memory(spec.pool_real_bytes, shared=True) if spec.pool_real_bytes > 0 else None
     _check_world(comm)
     conn.send(("ready", os.getpid()))
-    _serve(spec, conn, keep=(runtime, pool), comm=comm)
+    _serve(spec, conn, keep=(runtime, pool, loads), comm=comm)
 
 
 def _serve(

@@ -24,6 +24,15 @@ killed too: a SIGKILL to the main process alone therefore loses nothing (the chi
 PDEATHSIG, then the tracker cleans up and warns "There appear to be N leaked shared_memory
 objects"); a SIGKILL to the whole tree (kill_process_tree, a process group, a cgroup) leaks.
 
+- managers/load_snapshot.py `ShmLoadSnapshotWriter`: the first scheduler of each attention group
+  at PP stage 0 (managers/scheduler.py `init_ipc_channels`) creates, as it starts,
+  sglang_loads_<instance id>_<blake2s>.shm (12 B + 16 KiB per DP rank; the instance id is
+  server_args.py's uuid4().hex[:12], one per server) and maps it; SGLang never unlinks it, not
+  even at a clean exit, and it is no SharedMemory, so no resource tracker knows it.
+
+- tqdm's write lock behind the weight loading bar (progress_bar.py, drawn by the first rank of
+  node 0): a named semaphore sem.mp-<8 chars>, recorded once made (its name is random).
+
 FAKE_SGLANG_SHM_RECORD: a file to which every simulated process appends, before creating it, the
 name of each segment it makes (one per line): a test bed's own bookkeeping, so that tests can
 remove what a killed server left, knowing it was theirs. Not read by anything else.
@@ -32,7 +41,12 @@ remove what a killed server left, knowing it was theirs. Not read by anything el
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import mmap
+import multiprocessing
+import multiprocessing.util
 import os
+import struct
 import uuid
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
@@ -46,9 +60,15 @@ RECORD_ENV = "FAKE_SGLANG_SHM_RECORD"
 MQ_MAX_CHUNK_BYTES = 1 << 22
 MQ_MAX_CHUNKS = 6
 NODECHECK_BYTES = 128
+# managers/load_snapshot.py: HEADER_STRUCT "<4sHHI" (magic SLNS, version 2, DP ranks, slot
+# size), then a 16 KiB slot per DP rank.
+LOADS_PREFIX = "sglang_loads_"
+LOADS_HEADER = struct.Struct("<4sHHI")
+LOADS_SLOT_BYTES = 16 * 1024
 
 # The segments this process created and still owns (unlinked on a clean exit).
 _owned: list[SharedMemory] = []
+_locks: list[object] = []  # semaphores kept for the process's life
 
 
 def make_shm_name(kind: str, pid: int | None = None) -> str:
@@ -146,9 +166,50 @@ def release(segment: SharedMemory) -> None:
 
 
 def release_owned() -> None:
-    """A clean exit: every segment this process still owns is unlinked (ShmRingBuffer.__del__)."""
+    """A clean exit: every segment this process still owns is unlinked (ShmRingBuffer.__del__),
+    and its semaphores' finalizers run, as the interpreter's exit runs them (sem_unlink)."""
     for segment in list(_owned):
         release(segment)
+    if _locks:
+        run_finalizers = getattr(multiprocessing.util, "_run_finalizers")  # noqa: B009
+        run_finalizers(0)
+        _locks.clear()
+
+
+def make_write_lock() -> None:
+    """tqdm's write lock (tqdm/std.py `TqdmDefaultWriteLock`: a multiprocessing RLock, made when
+    the first bar is): in a "spawn" process it is a named semaphore, /dev/shm/sem.mp-<8 chars>,
+    registered with the resource tracker and unlinked only by its finalizer at a clean exit or by
+    the tracker (multiprocessing/synchronize.py `SemLock`). A SIGKILLed tree leaks it."""
+    lock = multiprocessing.get_context("spawn").RLock()
+    semlock = getattr(lock, "_semlock")  # noqa: B009
+    record("sem." + str(semlock.name).lstrip("/"))
+    _locks.append(lock)
+
+
+def load_snapshot(instance_id: str, slot: int | None, dp_ranks: int) -> tuple[str, int, int] | None:
+    """What a rank writing DP slot `slot` (None: no writer) gets to `write_load_snapshot`: the
+    path (managers/load_snapshot.py `shm_path_for(port_args.instance_id)`), DP ranks, slot."""
+    if slot is None:
+        return None
+    digest = hashlib.blake2s(instance_id.encode(), digest_size=4).hexdigest()
+    return (str(SHM_DIR / f"{LOADS_PREFIX}{instance_id}_{digest}.shm"), dp_ranks, slot)
+
+
+def write_load_snapshot(path: str, dp_ranks: int, slot: int) -> mmap.mmap:
+    """`ShmLoadSnapshotWriter`: open(O_CREAT, 0600), size it for every DP rank, map it, write
+    the header and an empty slot. Kept mapped for the process's life and never unlinked."""
+    record(Path(path).name)
+    size = LOADS_HEADER.size + dp_ranks * LOADS_SLOT_BYTES
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        region = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+    finally:
+        os.close(fd)
+    LOADS_HEADER.pack_into(region, 0, b"SLNS", 2, dp_ranks, LOADS_SLOT_BYTES)
+    region[LOADS_HEADER.size + slot * LOADS_SLOT_BYTES] = 0
+    return region
 
 
 def nodecheck_then_mq(mq_size: int | None) -> None:

@@ -60,6 +60,9 @@ class RankPlace:
     gpu: int
     # One entry per group whose broadcaster this rank writes: its readers on this node.
     broadcasts: tuple[int, ...] = ()
+    # The first rank of its attention group at PP stage 0 writes the load snapshot, in its DP
+    # rank's slot (managers/scheduler.py `init_ipc_channels`); None: it does not.
+    loads_slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +160,9 @@ def _place(args: SimArgs, w: Widths, gpu_base: int, dp_rank: int | None) -> list
                     log_prefix=prefix,
                     gpu=gpu,
                     broadcasts=broadcasts(w, tp_rank, node_tp),
+                    loads_slot=(shown_dp or 0)
+                    if pp_rank == 0 and tp_rank % (w.attn_tp * w.attn_cp) == 0
+                    else None,
                 )
             )
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -71,3 +72,39 @@ def test_a_member_that_is_a_zombie_not_yet_reaped_is_gone(tmp_path: Path):
         assert sweep({child.pid: ticks}, directory=tmp_path) == (1, 1)
     finally:
         child.wait()
+
+
+HOLDER = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+region = mmap.mmap(fd, 4096)
+os.close(fd)  # mapped, no longer open: as a semaphore's user holds it
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_unstamped_files_of_the_trees_life_go_unless_a_live_process_maps_them(tmp_path: Path):
+    """SGLang's load snapshot and a multiprocessing semaphore: no PID in their names, so what
+    counts is whether anyone still holds them."""
+    pid, ticks = dead_process()
+    instance = "4c00ec5647f7"
+    digest = hashlib.blake2s(instance.encode(), digest_size=4).hexdigest()
+    loads = f"sglang_loads_{instance}_{digest}.shm"
+    for name in (loads, "sem.mp-held0000", "sem.mp-free0000"):
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+        (tmp_path / name).chmod(0o600)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "sem.mp-held0000")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "mapped\n"
+        assert sweep({pid: ticks}, directory=tmp_path) == (2, 8192)
+        assert [p.name for p in tmp_path.iterdir()] == ["sem.mp-held0000"]
+    finally:
+        holder.communicate("")
+    assert sweep({pid: ticks}, directory=tmp_path) == (1, 4096)  # its holder is gone now

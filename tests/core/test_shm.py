@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from supervisor.core.shm import Member, Segment, creator_pid, left_by
+from supervisor.core.shm import (
+    Member,
+    Segment,
+    creator_pid,
+    is_candidate,
+    is_unstamped,
+    left_by,
+)
 
 
 @pytest.mark.parametrize(
@@ -71,3 +80,50 @@ def test_a_rank_never_seen_leaves_segments_that_go_when_its_pid_is_no_process_no
 def test_without_a_process_table_only_members_segments_are_judged():
     members = {10: Member(pid=10, start_ticks=1, started_at_s=900.0)}
     assert left_by([seg("sgl_shm_mq_13_aaaa")], members, lambda pid, ticks: False) == ()
+
+
+# -- the families without a PID: SGLang's load snapshot, multiprocessing's semaphores ----------
+
+LOADS = "sglang_loads_4c00ec5647f7_{}.shm"
+
+
+def loads_name(instance: str = "4c00ec5647f7") -> str:
+    """As managers/load_snapshot.py `shm_path_for` names it (blake2s, 4 bytes)."""
+    digest = hashlib.blake2s(instance.encode(), digest_size=4).hexdigest()
+    return f"sglang_loads_{instance}_{digest}.shm"
+
+
+@pytest.mark.parametrize(
+    ("name", "ours"),
+    [
+        (loads_name(), True),
+        (LOADS.format("deadbeef"), False),  # a hash SGLang would not have made
+        ("sem.mp-k2x9_q0a", True),
+        ("sem.mp-short", False),
+        ("sem.loky-1234-abcd", False),  # joblib's, never made by SGLang's tree
+        ("sem.mp-K2X9Q0AB", False),
+    ],
+)
+def test_unstamped_names_are_recognised_only_in_the_form_sglang_and_python_write(name, ours):
+    assert is_unstamped(name) is ours
+    assert is_candidate(name) is ours
+
+
+def test_an_unstamped_file_goes_when_made_during_the_trees_life_and_held_by_nobody():
+    members = {10: Member(pid=10, start_ticks=1, started_at_s=900.0)}
+    held = {"sem.mp-held0000"}
+    segments = [
+        seg(loads_name()),  # made at 1000, held by nobody: the dead tree's
+        seg("sem.mp-ours0000"),
+        seg("sem.mp-held0000"),  # mapped by a live process (another server's lock)
+        seg("sem.mp-early000", made_at_s=800.0),  # before our tree started
+        seg(loads_name("0123456789ab"), made_at_s=899.0),
+    ]
+    stale = left_by(segments, members, lambda *_: False, lambda _pid: True, held.__contains__)
+    assert {s.name for s in stale} == {loads_name(), "sem.mp-ours0000"}
+
+
+def test_without_a_holder_check_no_unstamped_file_is_judged():
+    members = {10: Member(pid=10, start_ticks=1, started_at_s=900.0)}
+    assert left_by([seg(loads_name())], members, lambda *_: False, lambda _pid: False) == ()
+    assert left_by([seg(loads_name())], {}, lambda *_: False, None, lambda _n: False) == ()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -203,3 +204,45 @@ def test_segment_counts_follow_the_scenario_and_sglangs_switch(
         names = shm_names_of(_rank(server, title).pid)
         assert len(names) == count
         assert all(MQ_NAME.match(n) for n in names)
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_first_rank_writes_the_load_snapshot_and_no_exit_unlinks_it(
+    start_fake_server, shm_record
+):
+    """managers/load_snapshot.py: one file per server, named after its instance id, mapped by
+    its writer for life, left behind by a clean stop too."""
+    server = start_fake_server(["--tp-size", "2"])
+    _up(server)
+    (name,) = [n for n in recorded_shm_names(shm_record) if n.startswith("sglang_loads_")]
+    instance, digest = name.removeprefix("sglang_loads_").removesuffix(".shm").split("_")
+    assert len(instance) == 12
+    assert hashlib.blake2s(instance.encode(), digest_size=4).hexdigest() == digest
+    path = shm.SHM_DIR / name
+    assert path.stat().st_size == 12 + 16 * 1024  # one DP rank
+    assert path.read_bytes()[:4] == b"SLNS"
+    tp0, tp1 = _rank(server, "sglang::scheduler_TP0"), _rank(server, "sglang::scheduler_TP1")
+    assert str(path) in _maps(tp0.pid)
+    assert str(path) not in _maps(tp1.pid)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=30) == 0
+    assert path.exists()  # SGLang never unlinks it (the test's teardown does)
+
+
+def test_the_loading_bars_rank_holds_a_semaphore_that_only_a_clean_exit_unlinks(
+    start_fake_server, shm_record
+):
+    """tqdm's multiprocessing lock in a spawn process: /dev/shm/sem.mp-*, mapped by its rank."""
+    first = start_fake_server(["--tp-size", "2"])
+    _up(first)
+    (name,) = [n for n in recorded_shm_names(shm_record) if n.startswith("sem.mp-")]
+    # glibc maps a temporary file it then links under the name: compare the inode.
+    inode = (shm.SHM_DIR / name).stat().st_ino
+    maps = _maps(_rank(first, "sglang::scheduler_TP0").pid).splitlines()
+    assert any(line.split()[4] == str(inode) for line in maps if "/dev/shm/" in line)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.proc.wait(timeout=30) == 0
+    assert not (shm.SHM_DIR / name).exists()
