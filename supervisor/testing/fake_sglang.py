@@ -1,11 +1,10 @@
 """The simulated SGLang server: `python -m supervisor.testing.fake_sglang <launch_server args>`.
 
-The main process plays SGLang's launcher (launch_server.py, entrypoints/engine.py
-`_launch_subprocesses`, entrypoints/http_server.py): it starts the children
-(supervisor/testing/children.py, ranks.py; their torch world: rendezvous.py, gate.py), serves
-HTTP (endpoints.py), runs the SubprocessWatchdog (watchdog.py) and stops as SGLang stops
-(stopping.py, tokenizers.py); a port it cannot bind, as SGLang (warmup.py).
-Contract: supervisor/testing/__init__.py.
+The main process plays SGLang's launcher (launch_server.py, engine.py `_launch_subprocesses`,
+http_server.py): it starts the children (children.py, ranks.py; their world: rendezvous.py,
+gate.py), serves HTTP (endpoints.py), runs the SubprocessWatchdog (watchdog.py), stops as
+SGLang stops (stopping.py, tokenizers.py), a port it cannot bind too (warmup.py). Contract:
+supervisor/testing/__init__.py.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import os
 import signal
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from http.server import ThreadingHTTPServer
 from multiprocessing.process import BaseProcess
@@ -64,7 +62,7 @@ class Launcher:
         self.sizing = size_server(plan, scenario, gpus)
         self.info = server_info(plan, self.sizing, argv)
         self.procs = topology.process_plan(plan)
-        self.instance_id = uuid.uuid4().hex[:12]  # server_args.py PortArgs.init_new
+        self.instance_id = shm.new_instance_id()
         self.box = SignalBox(ignore_term_int=scenario.ignore_sigterm)
         # SGLang's scheduler_procs: the DP controller first, then the schedulers it launched.
         self.schedulers: list[tuple[str, BaseProcess, RankLink]] = []

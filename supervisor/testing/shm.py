@@ -187,6 +187,11 @@ def make_write_lock() -> None:
     _locks.append(lock)
 
 
+def new_instance_id() -> str:
+    """A server's instance id as SGLang makes it (server_args.py PortArgs.init_new)."""
+    return uuid.uuid4().hex[:12]
+
+
 def load_snapshot(instance_id: str, slot: int | None, dp_ranks: int) -> tuple[str, int, int] | None:
     """What a rank writing DP slot `slot` (None: no writer) gets to `write_load_snapshot`: the
     path (managers/load_snapshot.py `shm_path_for(port_args.instance_id)`), DP ranks, slot."""

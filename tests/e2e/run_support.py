@@ -116,10 +116,12 @@ class Supervisor:
         return [pid for pid in marked_pids(self.marker) if pid != self.proc.pid]
 
     def schedulers(self) -> dict[str, int]:
+        """The ranks by title; a child still carrying its parent's title (a scheduler's init
+        fork) is left out."""
         out = {}
         for pid in self.tree():
             title = cmdline(pid)
-            if title.startswith("sglang::scheduler"):
+            if title.startswith("sglang::scheduler") and cmdline(_parent(pid)) != title:
                 out[title] = pid
         return out
 
@@ -130,6 +132,16 @@ class Supervisor:
 
     def wait_exit(self, timeout_s: float = 30.0) -> int:
         return self.proc.wait(timeout=timeout_s)
+
+
+def _parent(pid: int) -> int:
+    """The parent's PID from /proc/PID/stat (the field after the parenthesised name); 0 once
+    the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def marked_pids(marker: str) -> list[int]:

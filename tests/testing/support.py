@@ -143,14 +143,17 @@ class FakeServer:
             return []
 
     def titled(self, prefix: str = "sglang::") -> dict[str, psutil.Process]:
-        """Descendants whose title starts with `prefix`, by title."""
+        """Descendants whose title starts with `prefix`, by title. A child that still carries
+        its parent's title (a scheduler's short-lived init fork) is not that process."""
         out: dict[str, psutil.Process] = {}
         for proc in self.tree():
             try:
                 cmdline = proc.cmdline()
+                parent = proc.parent()
+                inherited = parent is not None and parent.cmdline()[:1] == cmdline[:1]
             except psutil.Error:
                 continue
-            if cmdline and cmdline[0].startswith(prefix):
+            if cmdline and cmdline[0].startswith(prefix) and not inherited:
                 out[cmdline[0]] = proc
         return out
 
