@@ -2,9 +2,8 @@
 
     sglang-supervisor run [--config FILE] [OPTIONS] -- <launch_server args>
 
-Every [run] key has an option of the same name; command-line options override the config file,
-which overrides the defaults. The loop itself is supervisor/run/runner.py; this module only
-parses and wires the adapters to it.
+Every [run] key has an option of the same name; options override the config file, which
+overrides the defaults. The loop is supervisor/run/runner.py: this module parses and wires.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import dataclasses
 import functools
 import os
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -277,8 +276,7 @@ def _resetter(gpu: GpuConfig, launcher: CommandRunner | None) -> GpuResetter | N
 
 
 def _run_sensor(gpu: GpuConfig, backend: str) -> GuardedGpuSensor | None:
-    """`run`'s NVML worker (None: backend none), left alone after a hang for as long as
-    core.gpu_release.nvml_retry_after_s says for this release_timeout."""
+    """`run`'s NVML worker (None: backend none), left alone after a hang per nvml_retry_after_s."""
     from supervisor.core.gpu_release import nvml_retry_after_s
     from supervisor.preflight.sensors import guarded_sensor
 
@@ -328,6 +326,7 @@ def _run_supervisor(
                     board,
                     launcher,
                     metrics,
+                    killed_at_start=containment.leftovers,
                 )
         finally:
             left = launcher.close()  # nothing a hook or a reset started outlives the run
@@ -347,6 +346,7 @@ def _supervise(
     board: GroupBoard | None = None,
     launcher: CommandRunner | None = None,
     metrics: SupervisorMetrics | None = None,
+    killed_at_start: Sequence[int] = (),
 ) -> int:
     from supervisor.adapters.systemd import SdNotifier
     from supervisor.memory.guard import MemoryGuard
@@ -355,9 +355,8 @@ def _supervise(
     from supervisor.run.status_report import publishing_status
 
     log = structlog.get_logger("supervisor.run")
-    gpu = settings.config.gpu
-    backend = launch.resolve_gpu_backend(gpu.backend)
-    sensor = _run_sensor(gpu, backend)
+    backend = launch.resolve_gpu_backend(settings.config.gpu.backend)
+    sensor = _run_sensor(settings.config.gpu, backend)
     guard = MemoryGuard(
         settings, store, gpu_snapshot=sensor.last_snapshot if sensor is not None else None
     )
@@ -377,6 +376,7 @@ def _supervise(
         launcher=launcher,
         metrics=metrics,
     )
+    runner.contained_leftovers = tuple(killed_at_start)
     log.info(
         "settings",
         instance=settings.instance,

@@ -70,9 +70,12 @@ def clean_leftovers(
     sensor: GpuSensor | None,
     clock: Clock,
     wait_released: Callable[[Sequence[int]], None],
+    killed: Sequence[int] = (),
 ) -> None:
     """Kill processes of an earlier run of this instance; fail at once on other processes on the
-    target GPUs (or, when allowed, kill them too); then wait for the GPUs.
+    target GPUs (or, when allowed, kill them too); then wait for the GPUs, also for `killed`
+    (what the containment already killed in our cgroup: a GPU frees a dead process's memory
+    some time after it is gone, so a launch at once could find it still taken).
 
     Raises:
         PreflightFailed: foreign processes hold the target GPUs (their PIDs and titles named).
@@ -101,8 +104,9 @@ def clean_leftovers(
     if foreign:
         log.warning("foreign_gpu_processes_killed", pids=[p.pid for p in foreign])
         kill_processes(foreign, processes, clock, LEFTOVER_EXIT_WAIT_S)
-    if found or foreign:
-        wait_released(tuple(p.pid for p in (*found, *foreign)))
+    pids = dict.fromkeys((*killed, *(p.pid for p in (*found, *foreign))))
+    if pids:
+        wait_released(tuple(pids))
 
 
 def kill_processes(

@@ -87,6 +87,8 @@ class Runner:
             max_slice_s=watchdog_slice_s(self.notifier.watchdog_interval_s),
         )
         self.plan = settings.reader.plan(settings.server_args)
+        # What the containment killed in our cgroup before this runner: GPUs awaited for them too.
+        self.contained_leftovers: tuple[int, ...] = ()
         self.release = GpuRelease(
             settings.config.gpu,
             self.plan.local_gpu_ids(),
@@ -222,6 +224,7 @@ class Runner:
             sensor=self.io.sensor,
             clock=self.wait_clock,
             wait_released=lambda pids: self.release.wait(pids, self.wait_clock),
+            killed=self.contained_leftovers,
         )
         self.io.sweep_shm({p.pid: p.start_ticks for p in earlier.server_pids})
         self.release.measure_baselines(self.wait_clock, force=self.run_cfg.force)
