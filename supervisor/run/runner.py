@@ -1,8 +1,7 @@
 """`sglang-supervisor run`: the supervision loop.
 
     leftovers of an earlier run -> [GPU release] -> pre-flight gate -> launch -> readiness ->
-    liveness -> (stop | death -> classify -> restart decision -> backoff -> [GPU release] ->
-    relaunch)
+    liveness -> (stop | death -> classify -> restart or not -> backoff -> [GPU release] -> relaunch)
 
 Short named steps over the ports (core/ports.py); decisions come from supervisor/core. Signals and
 the memory watchdog's events arrive on one queue; the loop is the only place that changes the
@@ -87,8 +86,7 @@ class Runner:
             max_slice_s=watchdog_slice_s(self.notifier.watchdog_interval_s),
         )
         self.plan = settings.reader.plan(settings.server_args)
-        # What the containment killed in our cgroup before this runner: GPUs awaited for them too.
-        self.contained_leftovers: tuple[int, ...] = ()
+        self.contained_leftovers: tuple[int, ...] = ()  # the containment's kills: GPUs awaited
         self.release = GpuRelease(
             settings.config.gpu,
             self.plan.local_gpu_ids(),
@@ -178,7 +176,8 @@ class Runner:
             for component in started:
                 component.stop()
             server.close()
-            self.io.sweep_shm(server.members_seen())  # after a SIGKILL, SGLang's are left
+            if self.state is not ServerState.STOPPED:  # a stop swept before it said `stopped`
+                self.io.sweep_shm(server.members_seen())  # after a SIGKILL, SGLang's are left
 
     def watch(self, server: LaunchedServer, monitor: LaunchMonitor) -> Death | None:
         """Tick until the server dies (its Death) or a stop signal arrives (None)."""
@@ -342,6 +341,7 @@ class Runner:
             server, grace_s, self.clock, self.events, self._feed_watchdog, self.drain_log.since
         )
         self.stopped_pids = drained.pids
+        self.io.sweep_shm(server.members_seen())  # before `stopped`: the run's last word
         if drained.cut == "grace" and not worker:  # a worker has no requests of its own
             note_cut(drained, grace_s)
         drained_s = round(drained.drained_s, 3)
