@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,10 +95,34 @@ def test_a_leak_in_one_rank_kills_the_whole_group_before_budget_plus_margin(
             sensor.close()
 
 
-def test_mmapped_file_pages_never_trigger_a_kill(tmp_path: Path, free_port: int):
+def _fs_type(path: Path) -> str:
+    """The file system type of the longest mount point above `path` (/proc/self/mountinfo)."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        mount, fs = fields[4], fields[fields.index("-") + 1]
+        if str(path).startswith(mount.rstrip("/") + "/") and len(mount) > len(best):
+            best, kind = mount, fs
+    return kind
+
+
+@pytest.fixture
+def disk_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a disk-backed file system: a file on tmpfs is shared memory, not a
+    file's pages (a /tmp on tmpfs would turn the weights into RssShmem)."""
+    if _fs_type(tmp_path) not in ("tmpfs", "ramfs"):
+        yield tmp_path
+        return
+    with tempfile.TemporaryDirectory(dir=Path(__file__).parent) as name:
+        if _fs_type(Path(name)) in ("tmpfs", "ramfs"):
+            pytest.skip("no disk-backed directory to map a file from")
+        yield Path(name)
+
+
+def test_mmapped_file_pages_never_trigger_a_kill(tmp_path: Path, free_port: int, disk_dir: Path):
     """A process of the tree maps and reads a 64 MiB file (like ranks mmapping safetensors):
     its RssFile grows far past the budget's margin, yet nothing is charged and nothing killed."""
-    data = tmp_path / "weights.bin"
+    data = disk_dir / "weights.bin"
     data.write_bytes(b"\1" * (64 * MiB))
     hog_code = (
         "import mmap, sys, time\n"
