@@ -208,8 +208,6 @@ class Runner:
             if monitor.ready_since_s is not None:
                 self.budget = self.budget.on_healthy(monitor.ready_since_s, self.clock.monotonic())
 
-    # -- steps ---------------------------------------------------------------------------
-
     def clean_leftovers(self) -> None:
         """Kill processes of an earlier run of this instance (and foreign GPU holders when
         allowed), waiting for their GPUs, and the shared memory they left; then measure the
@@ -384,10 +382,12 @@ class Runner:
         self.drain_log.feed(line, self.clock.monotonic())
 
     def _note_pinned(self, pinned_bytes: int) -> None:
-        """While loading, tell the ledger how much of the plan the tree holds (once a second)."""
+        """While starting, the ledger learns how much of the plan the tree holds (once a second);
+        not after ready, whose tick dropped the entry (a set would bring it back for good)."""
         now = self.clock.monotonic()
         book = self.io.reservations
-        if book is None or self.fit is None or now - self._last_pin_s < 1.0:
+        starting = self.state in (ServerState.LAUNCHING, ServerState.LOADING, ServerState.WARMING)
+        if book is None or self.fit is None or not starting or now - self._last_pin_s < 1.0:
             return
         self._last_pin_s = now
         book.set(self.fit.host_required_bytes or 0, pinned_bytes)

@@ -17,7 +17,7 @@ from supervisor.core.events import (
     SignalEvent,
     WatchdogEvent,
 )
-from supervisor.core.lifecycle import HealthStatus
+from supervisor.core.lifecycle import HealthStatus, ServerState
 from supervisor.core.units import GiB
 from supervisor.errors import (
     ConfigError,
@@ -378,3 +378,21 @@ def test_the_ledger_holds_the_plan_from_the_preflight_until_ready_and_again_per_
     assert w.ledger.calls[first_drop + 1] == ("set", planned, 0)
     assert kinds.count("drop") >= 3
     assert kinds[-1] == "drop"
+
+
+def test_the_tree_s_pinned_bytes_reach_the_ledger_only_while_starting(tmp_path: Path):
+    """The tick that makes the server ready also reads the pinned bytes, after the drop: an
+    update then (ticks a second apart on a loaded host) kept the entry for the whole run."""
+    w = world(tmp_path)
+    w.events.at(LOAD_S + WARM_S + 30.0, SIGTERM)
+    run = runner(w, settings(tmp_path), watch_gpus=False)
+    assert run.run() == 0
+    calls = len(w.ledger.calls)
+    for state in (ServerState.READY, ServerState.UNHEALTHY, ServerState.STOPPED):
+        run.state = state
+        run._last_pin_s = -1e9  # a second and more since the last update
+        run._note_pinned(1 << 30)
+    assert len(w.ledger.calls) == calls
+    run.state = ServerState.LOADING
+    run._note_pinned(1 << 30)
+    assert w.ledger.calls[-1][2] == 1 << 30
