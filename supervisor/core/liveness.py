@@ -99,7 +99,8 @@ def judge_ranks(
     `all_seen_before`: the full set has been alive at some earlier tick (or the server answered
     ready). Until then, fewer schedulers than expected means they are still being spawned.
     """
-    schedulers = ranks_of(tuple(processes))
+    tree = tuple(processes)
+    schedulers = ranks_of(tree)
     died = [p for p in schedulers if p.is_zombie and p.exit_status]
     zombies = tuple(p.pid for p in schedulers if p.is_zombie and not p.exit_status)
     stopped = tuple(p.pid for p in schedulers if p.is_stopped)
@@ -119,7 +120,7 @@ def judge_ranks(
             expected=expected,
             alive=alive,
             pids=zombies,
-            detail=f"scheduler pid {', '.join(map(str, zombies))} is a zombie (Z)",
+            detail=f"scheduler {_named(zombies, tree)} is a zombie (Z)",
         )
     if stopped:
         return RankVerdict(
@@ -138,6 +139,19 @@ def judge_ranks(
             detail=f"{alive} of {expected} scheduler ranks alive",
         )
     return RankVerdict(problem=RankProblem.OK, expected=expected, alive=alive)
+
+
+def _named(pids: Sequence[int], tree: Sequence[ProcessInfo]) -> str:
+    """Each PID with its title and its parent's: which process was judged, and why a rank."""
+    info = {p.pid: p for p in tree}
+
+    def one(pid: int) -> str:
+        me = info[pid]
+        parent = info.get(me.ppid)
+        above = f"{parent.pid} {clean_title(parent.title)[:60]!r}" if parent else str(me.ppid)
+        return f"pid {pid} {clean_title(me.title)[:40]!r} (parent {above})"
+
+    return ", ".join(one(pid) for pid in pids)
 
 
 def describe_wait(status: int | None) -> str:
