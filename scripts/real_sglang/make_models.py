@@ -144,14 +144,29 @@ def deepseek_v2_mla() -> tuple[dict[str, object], dict[str, torch.Tensor]]:
         "qk_nope_head_dim": nope,
         "qk_rope_head_dim": rope,
         "v_head_dim": v,
-        "n_routed_experts": None,
-        "n_shared_experts": None,
+        # Experts are declared (transformers' config wants integers) but never built: every
+        # layer is below first_k_dense_replace, so each has a dense MLP.
+        "n_routed_experts": 2,
+        "n_shared_experts": 1,
         "first_k_dense_replace": 2,
         "moe_layer_freq": 1,
         "moe_intermediate_size": 256,
-        "num_experts_per_tok": None,
+        "num_experts_per_tok": 1,
+        "n_group": 1,
+        "topk_group": 1,
         "topk_method": "greedy",
-        "rope_scaling": None,
+        # SGLang's CPU RoPE for MLA is DeepSeek's YaRN only (get_rope_cpu asserts it); factor
+        # 1 leaves the positions as they are.
+        "rope_scaling": {
+            "type": "yarn",
+            "rope_type": "yarn",
+            "factor": 1.0,
+            "original_max_position_embeddings": 16384,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
     }
     g = torch.Generator().manual_seed(SEED + 1)
     h, heads = 128, 4

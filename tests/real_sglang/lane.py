@@ -3,8 +3,10 @@
 made locally (scripts/real_sglang/build, docs/real-sglang.md).
 
 Ports come from 31800–31899 (away from the ephemeral range other tests take theirs from).
-Processes of a test carry the leak guard's marker (tests/conftest.py), which SGLang's processes
-inherit: that is how "no process left" is checked. Every wait here is bounded.
+A story's processes are found by their working directory, one per story: the leak guard's
+environment marker (tests/conftest.py) does not work here, because SGLang titles its schedulers
+and detokenizer with setproctitle, which writes the title over the process's environment block,
+so /proc/PID/environ no longer shows the marker. Every wait here is bounded.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import requests
 
 from supervisor.testing.lws_config import config_toml, merge
 from tests.cgroups import remove_instance_cgroups
-from tests.e2e.run_support import CONTAINMENT, Supervisor, instance_name, marked_pids
+from tests.e2e.run_support import CONTAINMENT, Supervisor, instance_name
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,9 +109,33 @@ def server_args(port: int, nccl_port: int, tp: int, extra: Sequence[str] = ()) -
     return [*args, *extra]
 
 
+def pids_in(workdir: Path) -> list[int]:
+    """Live (non-zombie) processes whose working directory is `workdir`."""
+    want = str(workdir)
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry.name}/cwd") != want:
+                continue
+            with open(f"/proc/{entry.name}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
 @dataclass
 class RealSupervisor(Supervisor):
-    """A Supervisor (tests/e2e/run_support.py) of the real server."""
+    """A Supervisor (tests/e2e/run_support.py) of the real server, run in `workdir`."""
+
+    workdir: Path = Path("/nonexistent")
+
+    def tree(self) -> list[int]:
+        return [pid for pid in pids_in(self.workdir) if pid != self.proc.pid]
 
     def output(self) -> list[str]:
         """SGLang's own lines, as the supervisor passed them on."""
@@ -148,6 +174,15 @@ def decode_rate_tok_s(port: int) -> float:
     answer.raise_for_status()
     meta = answer.json()["meta_info"]
     return float(meta["completion_tokens"]) / max(float(meta["e2e_latency"]), 1e-3)
+
+
+def tree_left(workdir: Path, grace_s: float = 10.0) -> list[int]:
+    """The processes still in `workdir` after `grace_s` (a SIGKILLed tree takes a moment)."""
+    try:
+        wait_until(lambda: not pids_in(workdir), timeout_s=grace_s, what="the tree gone")
+    except AssertionError:
+        return pids_in(workdir)
+    return []
 
 
 def shm_names() -> set[str]:
@@ -192,27 +227,26 @@ def real_supervisor(
         *options, "--", *server_args(port, nccl_port, tp, extra_args),
     ]  # fmt: skip
     env = {**os.environ, **server_env(tp)}
+    workdir = tmp_path / f"cwd-{uuid.uuid4().hex[:6]}"
+    workdir.mkdir()
     shm_before = shm_names()
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    sup = RealSupervisor(proc, log_path, state_dir, port, marker)
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
+    sup = RealSupervisor(proc, log_path, state_dir, port, marker, workdir=workdir)
     try:
         yield sup
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
-        alive = wait_until(
-            lambda: (left := marked_pids(marker)) == [] or left,
-            timeout_s=10,
-            what="the server tree gone",
-        )
-        left_pids = [] if alive is True else list(alive)
+        left_pids = tree_left(workdir)
         for pid in left_pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         groups = [str(p) for p in remove_instance_cgroups(instance_name(tmp_path))]
         new_shm = sorted(shm_names() - shm_before)
+        # Shown in the test's report (-rA): what SGLang and the supervisor left, story by story.
+        print(f"lane leftovers: processes={left_pids} cgroups={groups} /dev/shm={new_shm}")
         if leftovers is not None:
             leftovers.append(Leftovers(left_pids, groups, new_shm))
         remove_sglang_shm(new_shm)
