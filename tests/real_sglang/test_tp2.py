@@ -40,6 +40,9 @@ def test_a_killed_rank_is_one_rank_death_one_restart_and_ready_again(
         sup.signal(signal.SIGTERM)
         assert sup.wait_exit(timeout_s=180) == 0
         assert len(sup.events("server_failed")) == 1
+        # SGLang's pid-stamped ring buffer (24 MiB at TP 2) outlives each tree, the killed one
+        # and the cleanly stopped one: the supervisor removes it.
+        assert [e["segments"] >= 1 for e in sup.events("shm_removed")] == [True, True]
     (after,) = left
     assert (after.processes, after.cgroups) == ([], [])
 
