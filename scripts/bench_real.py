@@ -77,19 +77,30 @@ def fired_up_after(sup: RealSupervisor, after: float) -> dict[str, Any]:
     raise AssertionError("no fired-up line after the relaunch")
 
 
-def one_kill(sup: RealSupervisor, count: int) -> dict[str, float]:
+def after(sup: RealSupervisor, name: str, t: float) -> list[dict[str, Any]]:
+    return [e for e in sup.events(name) if epoch(e) > t]
+
+
+def one_kill(sup: RealSupervisor) -> dict[str, Any]:
+    """SIGKILL scheduler_TP1, wait for the next ready; every figure from the log's timestamps.
+    A relaunch that itself failed before ready counts in `relaunch_failures` (its start is not
+    the server's own start: the restart lag is then taken from the launch that got ready)."""
     pid = sup.schedulers()["sglang::scheduler_TP1"]
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
-    failed = sup.wait_event("server_failed", count=count, timeout_s=120)
-    ready = sup.wait_ready(count=count + 1)
-    launched = sup.events("server_launched")[count]
-    fired = fired_up_after(sup, epoch(launched))
+    sup.wait_event("server_failed", count=len(sup.events("server_failed")) + 1, timeout_s=120)
+    ready_before = len(sup.events("ready"))
+    sup.wait_ready(count=ready_before + 1)
+    ready = after(sup, "ready", t_kill)[0]
+    failed = after(sup, "server_failed", t_kill)
+    launched = [e for e in after(sup, "server_launched", t_kill) if epoch(e) < epoch(ready)]
+    fired = fired_up_after(sup, epoch(launched[-1]))
     return {
-        "noticed_s": epoch(failed) - t_kill,
-        "failure": failed["failure"],
-        "kill_to_relaunch_s": epoch(launched) - t_kill,
-        "server_start_s": epoch(fired) - epoch(launched),
+        "noticed_s": epoch(failed[0]) - t_kill,
+        "failure": failed[0]["failure"],
+        "relaunch_failures": [f["failure"] for f in failed[1:] if epoch(f) < epoch(ready)],
+        "kill_to_relaunch_s": epoch(launched[0]) - t_kill,
+        "server_start_s": epoch(fired) - epoch(launched[-1]),
         "restart_lag_s": epoch(ready) - epoch(fired),
     }
 
@@ -128,11 +139,12 @@ def main() -> int:
         with real_supervisor(Path(tmp), os.environ[MARKER_ENV], tp=2, options=options) as sup:
             sup.wait_ready()
             result["idle"] = idle(sup, args.idle_s)
-            kills = [one_kill(sup, n + 1) for n in range(args.kills)]
+            kills = [one_kill(sup) for _ in range(args.kills)]
             result["kills"] = kills
             result["stop"] = stop(sup)
     for key in ("noticed_s", "kill_to_relaunch_s", "server_start_s", "restart_lag_s"):
         result[key] = summary([k[key] for k in kills])
+    result["relaunch_failures"] = sum(len(k["relaunch_failures"]) for k in kills)
     result["load_average_end"] = os.getloadavg()
     text = json.dumps(result, indent=1)
     print(text)
