@@ -74,7 +74,7 @@ def test_ready_through_loading_and_warming_with_sglang_s_own_kv_tokens(
     # Last, so that the rest is checked while these fail. SGLang's CPU lines can say "mem
     # usage=-0.02 GB" (host RAM moved during the load), which the supervisor does not read; and
     # a clean exit leaves SGLang's load snapshot (sglang_loads_*.shm) and multiprocessing's
-    # semaphores (sem.mp-*) in /dev/shm, which the supervisor does not remove.
+    # semaphores (sem.mp-*) in /dev/shm, which the supervisor must sweep.
     problems = []
     if [e["device_tokens"] for e in measured] != [KV_TOKENS]:
         problems.append(f"KV tokens not measured: {not_measured}")
