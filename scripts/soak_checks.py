@@ -151,7 +151,7 @@ def check(world: World, sup_pid: int | None, log: LogTail | None) -> list[tuple[
 SETTINGS: dict[str, dict[str, Any]] = {
     "run": {
         "health_interval": "50ms",
-        "health_timeout": "1s",
+        "health_timeout": "2s",  # the least `run` takes for /health (two of SGLang's looks)
         "failure_threshold": 3,
         "stop_grace": "2s",
         "backoff_initial": "10ms",

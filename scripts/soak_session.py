@@ -38,7 +38,8 @@ RANKS = 8
 TMPFS_BYTES = 16 * MiB
 REFUSAL_CODES = (1, 2, 3, 4, 5, 6)  # README, "Exit codes (run)"; 70 is a bug
 RECOVERY_TIMEOUT_S = 30.0
-BASE_SCENARIO = {"startup_s": 0.1, "warmup_s": 0.05}
+# SGLang's /health takes a second (the simulation's default); the soak's cycles take 50 ms.
+BASE_SCENARIO = {"startup_s": 0.1, "warmup_s": 0.05, "health_delay_s": 0.05}
 CONFIG = """
 [preflight]
 reserve = "0B"
@@ -192,7 +193,11 @@ class Soak:
         got = self.await_recovery(started)
         if got.result == "recovered":
             return None
+        # A start that is not ready before any fault is the soak's own setup failing (a
+        # refused setting, say): no cycle after it tests anything, so it is never "refused".
         got.detail = f"before the fault, a fresh {label} start: {got.detail}"
+        got.result = "violation"
+        self.violate("no_recovery", got.detail)
         return got
 
     def fresh_start(self, scenario: dict[str, Any], label: str) -> Supervisor:
