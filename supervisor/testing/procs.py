@@ -17,6 +17,15 @@ def cmdline(pid: int) -> str:
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is neither a zombie nor dead (its state in /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
 def pids_with_env(matches: Callable[[Sequence[bytes]], bool]) -> list[int]:
     """Live (not zombie, not dead) processes but this one whose environment `matches`."""
     found = []

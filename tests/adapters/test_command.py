@@ -17,6 +17,7 @@ import pytest
 from supervisor.adapters.cgroup import CgroupError, InstanceCgroups, discover
 from supervisor.adapters.command import HELPER_ENV, CommandRunner
 from supervisor.adapters.procfs import INSTANCE_ENV, SUPERVISOR_ENV
+from supervisor.testing.procs import alive
 from tests.cgroups import remove_instance_cgroups
 from tests.waiting import wait_until
 
@@ -25,14 +26,6 @@ from tests.waiting import wait_until
 HUNG = 'sleep 300 & p=$!; setsid sleep 300 & echo "$p $!" > "$0"; echo started; exec sleep 300'
 # The same children, but the command itself ends at once: it leaves them running.
 LEAVES = 'sleep 300 & p=$!; setsid sleep 300 & echo "$p $!" > "$0"; echo done'
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def children(pid_file: Path) -> list[int]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from supervisor.adapters.gpu_reset import CommandGpuResetter, check_reset_command, reset_argv
 from supervisor.core.gpu_release import ResetOutcome
+from supervisor.testing.procs import alive
 from tests.waiting import wait_until
 
 
@@ -49,14 +50,6 @@ def test_a_failing_command_reports_its_exit_status_and_output():
     assert not outcome.ok
     assert "exited 3" in outcome.detail
     assert "in use" in outcome.detail
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 # A reset that hangs, with a plain child and a `setsid` one (their PIDs written to the file).

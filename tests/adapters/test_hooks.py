@@ -17,14 +17,7 @@ from structlog.testing import capture_logs
 
 from supervisor import log as sup_log
 from supervisor.adapters.hooks import EVENT_ENV, HookRunner, command_problem
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
+from supervisor.testing.procs import alive
 
 
 def script(tmp_path: Path, body: str) -> str:

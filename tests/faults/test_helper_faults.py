@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.testing.procs import alive
 from tests.e2e.run_support import Supervisor, supervisor
 from tests.faults.support import assert_invariants, faulted, recovered, refused, stop
 from tests.waiting import wait_until
@@ -22,14 +23,6 @@ pytestmark = pytest.mark.slow
 # A plain child and a `setsid` one, their PIDs written to $0, then it hangs: shell and sleep
 # start in milliseconds, far inside the timeouts below even on a loaded machine.
 HUNG = 'sleep 300 & p=$!; setsid sleep 300 & echo "$p $!" > "$0"; echo started; exec sleep 300'
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZX"
 
 
 def children(*pid_files: Path) -> list[int]:
