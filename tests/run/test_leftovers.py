@@ -164,9 +164,13 @@ def test_a_leftover_that_survives_sigkill_is_reported_at_the_deadline(tmp_path: 
     assert clock.now >= 1010.0  # LEFTOVER_EXIT_WAIT_S waited, on the fake clock
 
 
-def test_what_the_containment_already_killed_is_awaited_on_the_gpus_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("killed", "awaited"), [((4242, 4243), [(4242, 4243)]), ((), [])])
+def test_what_the_containment_already_killed_is_awaited_on_the_gpus_too(
+    tmp_path: Path, killed: tuple[int, ...], awaited: list[tuple[int, ...]]
+) -> None:
     """The cgroup's leftovers were killed before the runner: nothing is left for the scan, but
-    the GPUs may still hold their memory, so the release wait covers them."""
+    the GPUs may still hold their memory, so the release wait covers them (and with nothing
+    killed or found, nothing is awaited)."""
     waited: list[tuple[int, ...]] = []
     clean_leftovers(
         FakeProcesses([]),
@@ -176,20 +180,6 @@ def test_what_the_containment_already_killed_is_awaited_on_the_gpus_too(tmp_path
         sensor=None,
         clock=FakeClock(),
         wait_released=lambda pids: waited.append(tuple(pids)),
-        killed=(4242, 4243),
+        killed=killed,
     )
-    assert waited == [(4242, 4243)]
-
-
-def test_nothing_killed_and_nothing_found_waits_for_nothing(tmp_path: Path) -> None:
-    waited: list[tuple[int, ...]] = []
-    clean_leftovers(
-        FakeProcesses([]),
-        RunState(),
-        _settings(tmp_path),
-        [0],
-        sensor=None,
-        clock=FakeClock(),
-        wait_released=lambda pids: waited.append(tuple(pids)),
-    )
-    assert waited == []
+    assert waited == awaited
