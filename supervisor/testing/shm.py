@@ -49,6 +49,7 @@ import os
 import struct
 import uuid
 from multiprocessing.shared_memory import SharedMemory
+from multiprocessing.synchronize import SemLock
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
@@ -181,10 +182,20 @@ def make_write_lock() -> None:
     the first bar is): in a "spawn" process it is a named semaphore, /dev/shm/sem.mp-<8 chars>,
     registered with the resource tracker and unlinked only by its finalizer at a clean exit or by
     the tracker (multiprocessing/synchronize.py `SemLock`). A SIGKILLed tree leaks it."""
-    lock = multiprocessing.get_context("spawn").RLock()
-    semlock = getattr(lock, "_semlock")  # noqa: B009
-    record("sem." + str(semlock.name).lstrip("/"))
-    _locks.append(lock)
+    # Its name is random: recorded as SemLock picks it, before sem_open makes the file, so a
+    # SIGKILL in between leaves nothing the test bed does not know of.
+    make_name = getattr(SemLock, "_make_name")  # noqa: B009 (private, not in the stubs)
+
+    def recorded_name() -> str:
+        name = str(make_name())
+        record("sem." + name.lstrip("/"))
+        return name
+
+    setattr(SemLock, "_make_name", staticmethod(recorded_name))  # noqa: B010
+    try:
+        _locks.append(multiprocessing.get_context("spawn").RLock())
+    finally:
+        setattr(SemLock, "_make_name", staticmethod(make_name))  # noqa: B010
 
 
 def new_instance_id() -> str:
