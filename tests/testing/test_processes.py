@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -201,16 +202,20 @@ def test_a_dp_scheduler_killed_outright_goes_unnoticed_but_health_fails(start_fa
 def test_more_detokenizers_come_with_a_router_and_are_watched(start_fake_server):
     server = start_fake_server(["--detokenizer-worker-num", "2"], scenario={"crash_dump_wait_s": 0})
     wait_until(lambda: server.status() == 200, what="server up")
-    mine = [
-        p
-        for p in psutil.Process(server.proc.pid).children()
-        if p.cmdline()[0].startswith("sglang::d")
-    ]
-    assert [p.cmdline()[0] for p in mine] == [
-        "sglang::detokenizer",
-        "sglang::detokenizer",
-        "sglang::detokenizer_router",
-    ]
+    expected = ["sglang::detokenizer", "sglang::detokenizer", "sglang::detokenizer_router"]
+
+    def detokenizers() -> list[psutil.Process] | None:
+        """The titled detokenizers once all three are (else None)."""
+        found: list[tuple[str, psutil.Process]] = []
+        for child in psutil.Process(server.proc.pid).children():
+            with contextlib.suppress(psutil.Error, IndexError):
+                if (title := child.cmdline()[0]).startswith("sglang::d"):
+                    found.append((title, child))
+        return [p for _, p in found] if [t for t, _ in found] == expected else None
+
+    # SGLang waits for its schedulers, not its detokenizers: one may still be titling itself.
+    mine = wait_until(detokenizers, what="two detokenizers and their router titled")
+    assert mine is not None
     mine[1].kill()
     assert server.proc.wait(timeout=30) == -signal.SIGKILL
     assert f"Subprocess detokenizer_1 (pid={mine[1].pid}) crashed with exit code -9." in (
