@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from supervisor.adapters.procfs import status_charged_bytes
 from supervisor.core.ports import ServerHandle
 
 # How long a scrape waits for a fresh reading before it shows the last reported one.
@@ -104,15 +105,9 @@ def proc_tree_bytes(pid: int, proc: Path = Path("/proc")) -> int | None:
 
 def _charged_bytes(status: Path) -> int | None:
     try:
-        text = status.read_text(encoding="ascii", errors="replace")
+        return status_charged_bytes(status.read_text(encoding="ascii", errors="replace"))
     except OSError:
         return None
-    kib = 0
-    for line in text.splitlines():
-        if line.startswith(("RssAnon:", "RssShmem:")):
-            fields = line.split()
-            kib += int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
-    return kib * 1024
 
 
 def _children(tasks: Path, budget: list[int]) -> list[int]:

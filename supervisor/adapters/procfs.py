@@ -338,6 +338,12 @@ def _descendants(roots: Iterable[int], children: dict[int, list[int]]) -> Iterat
         stack.extend(children.get(pid, ()))
 
 
+def status_charged_bytes(text: str) -> int:
+    """RssAnon + RssShmem of a /proc/PID/status text: what ProcessInfo.charged_bytes counts."""
+    fields = parse_status(text)
+    return _kib(fields.get("RssAnon")) + _kib(fields.get("RssShmem"))
+
+
 def _kib(value: str | None) -> int:
     if not value:
         return 0
