@@ -66,6 +66,9 @@ reset_command = "{reset}"
 """
 
 
+_WHY = ("cause", "failure", "reason", "hint", "restart_count")
+
+
 class Run:
     def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, state_dir: Path) -> None:
         self.proc = proc
@@ -80,6 +83,17 @@ class Run:
                 if isinstance(event, dict) and event.get("event") == name:
                     out.append(event)
         return out
+
+    def story(self) -> str:
+        """The run's events in order, with why each failure happened: a failed assertion's text."""
+        lines = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                event = json.loads(line)
+                if isinstance(event, dict) and event.get("event") != "server_output":
+                    why = {k: event[k] for k in _WHY if k in event}
+                    lines.append(f"{event.get('event')} {why}" if why else str(event.get("event")))
+        return "\n".join(lines)
 
     def wait_event(self, name: str, count: int = 1, timeout_s: float = 60) -> dict[str, Any]:
         found: list[dict[str, Any]] = wait_until(
@@ -187,7 +201,7 @@ def test_a_gpu_still_dirty_after_a_failed_reset_ends_the_run_with_exit_6(
         tmp_path, free_port, simulated_process_guard, gpus, scenario, broken_reset
     ) as run:
         assert run.proc.wait(timeout=90) == 6
-        assert len(run.events("launching")) == 1
+        assert len(run.events("launching")) == 1, run.story()
         failed = run.events("gpu_release_failed")
         assert failed
         assert "reset failed" in failed[0]["reason"]
