@@ -30,13 +30,17 @@ from supervisor.core.units import GiB
 # log, and the pre-flight imports this module for the records alone. Where the numbers come
 # after a gap, they are searched from the phrase that opens the line (found with str.find): no
 # pattern has a `.*` that would rescan a long line from every start.
+# Each (opening phrase, pattern) is the product's; tests/contract binds every one of them, and
+# every regex in SIZING_LINES and SIZING_PATTERNS, to the format string printing it in each
+# release: a regex SizingLog applies belongs in one of those two tuples, under a public name.
 _GB_NUMBER = r"(-?[\d.]+) GB"  # "-0.00 GB" too: a difference of two readings
-_WEIGHTS = ("Load weight end.", rf"avail mem={_GB_NUMBER}, mem usage={_GB_NUMBER}")
-_KV = ("KV Cache is allocated. ", r"#tokens: (\d+)")
-_HOST_POOL = ("", r"hierarchical KV host pool: (\d+) tokens")
-_POOL_END = ("", rf"Memory pool end\. avail mem={_GB_NUMBER}")
-_RANK = r"\bTP(\d+)\b"
-SIZING_PATTERNS = (_RANK, *(p for _, p in (_WEIGHTS, _KV, _HOST_POOL, _POOL_END)))
+WEIGHTS_LINE = ("Load weight end.", rf"avail mem={_GB_NUMBER}, mem usage={_GB_NUMBER}")
+KV_LINE = ("KV Cache is allocated. ", r"#tokens: (\d+)")
+HOST_POOL_LINE = ("", r"hierarchical KV host pool: (\d+) tokens")
+POOL_END_LINE = ("", rf"Memory pool end\. avail mem={_GB_NUMBER}")
+RANK_PATTERN = r"\bTP(\d+)\b"  # the scheduler's logger prefix, " TP3"
+SIZING_LINES = (WEIGHTS_LINE, KV_LINE, HOST_POOL_LINE, POOL_END_LINE)  # SizingLog's order
+SIZING_PATTERNS = (RANK_PATTERN, *(p for _, p in SIZING_LINES))
 # Bounds of the record file: a few launches per deployment, a few deployments per instance.
 RECORDS_PER_DEPLOYMENT = 4
 RECORDS_MAX = 32
@@ -64,10 +68,8 @@ class SizingLog:
 
     def __init__(self) -> None:
         self._ranks: dict[int, dict[str, int]] = {}
-        self._rank = re.compile(_RANK)
-        self._phrases = [
-            (phrase, re.compile(p)) for phrase, p in (_WEIGHTS, _KV, _HOST_POOL, _POOL_END)
-        ]
+        self._rank = re.compile(RANK_PATTERN)
+        self._phrases = [(phrase, re.compile(p)) for phrase, p in SIZING_LINES]
 
     def _found(self, line: str, which: int) -> re.Match[str] | None:
         """The numbers of the `which`-th kind of sizing line, after its opening phrase."""
