@@ -8,7 +8,7 @@ from supervisor.core.log_phases import PHRASES, read_mark
 from supervisor.core.sglang_versions import parse_version
 from tests.contract.conftest import source_of
 from tests.contract.log_lines import LINES, Line
-from tests.contract.sglang_text import source
+from tests.contract.sglang_text import Template, source
 
 
 def test_every_sglang_phrase_the_reader_matches_has_a_line_here():
@@ -35,10 +35,18 @@ def test_the_release_prints_each_line(version: str, line: Line):
     if before or after:  # the range is right: that release does not print it
         assert not source(source_of(version)).printing(line.text, line.anchor)
         return
-    tree = source(source_of(version))
-    printers = tree.printing(line.text, line.anchor)
-    assert printers, f"SGLang {version} prints no line like {line.text!r}"
-    # The words the supervisor matches on are SGLang's own, not just holes of a template.
-    constants = "\n".join(tree.constants(t.path) for t in printers).lower()
-    missing = [w for w in line.key_words if w not in constants]
-    assert not missing, f"SGLang {version}: {missing} not in the source printing {line.text!r}"
+    root = source_of(version)
+    tree = source(root)
+    by_file: dict[str, list[Template]] = {}
+    for template in tree.printing(line.text, line.anchor):
+        by_file.setdefault(str(template.path.relative_to(root)), []).append(template)
+    assert by_file, f"SGLang {version} prints no line like {line.text!r}"
+    assert sorted(by_file) == sorted(line.files), (
+        f"SGLang {version} prints {line.text!r} from {sorted(by_file)}, not {sorted(line.files)}"
+    )
+    # The words the supervisor matches on are SGLang's own, not just holes of a template: in
+    # each file that prints the line.
+    for path, printers in by_file.items():
+        constants = tree.constants(printers[0].path).lower()
+        missing = [w for w in line.key_words if w not in constants]
+        assert not missing, f"SGLang {version} {path}: {missing} not in its source of {line.text!r}"
