@@ -45,7 +45,9 @@ class Binding:
     # of the pieces prints the line.
     anchor: tuple[str, ...]
     files: tuple[str, ...]  # every file under sglang/ that prints it
-    groups: tuple[str, ...]  # per group of the regex, the expression it must read
+    # Per group of the regex, the expression it must read (a group reads nothing from a format
+    # without that expression).
+    groups: tuple[str, ...]
     exact: bool = False  # the format's whole literal text is the anchor
 
 
@@ -150,15 +152,16 @@ def printers(binding: Binding, root: Path) -> list[Format]:
 def read_problems(reader: Reader, binding: Binding, fmt: Format, where: str) -> list[str]:
     """What `reader` gets wrong about one format: no match, or a group off its placeholder."""
     holes = {h.expr: h for h in fmt.holes}
-    missing = [e for e in binding.groups if e not in holes]
-    if missing:
-        return [f"{where}: no placeholder {missing} in SGLang's format, only {sorted(holes)}"]
+    if not any(e in holes for e in binding.groups):
+        return [f"{where}: none of {binding.groups} in SGLang's format, only {sorted(holes)}"]
     bound = {expr: n for n, expr in enumerate(binding.groups)}
     line = fmt.render(lambda i, hole: sample_value(i, hole, bound))
     match = reader.read(line)
     if match is None:
         return [f"{where}: {reader.name} {reader.pattern!r} does not read {line!r}"]
-    want = tuple(sample_value(0, holes[e], bound) for e in binding.groups)
+    # A group whose expression this format (or this choice of it) lacks must read nothing: an
+    # optional part, such as a pool's label where SGLang prints none.
+    want = tuple(sample_value(0, holes[e], bound) if e in holes else None for e in binding.groups)
     if match.groups() != want:
         return [f"{where}: {reader.name} reads {match.groups()} from {line!r}, not {want}"]
     return []

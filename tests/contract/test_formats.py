@@ -72,15 +72,30 @@ def test_a_line_reworded_in_one_of_its_two_files_fails(tmp_path: Path):
 def test_a_file_printing_the_line_with_other_numbers_fails(tmp_path: Path):
     root = _tree(tmp_path, POOL.replace("slots: {n}", "slots: {n + 1}"))
     found = problems(READER, BINDING, root)
-    assert any(p.startswith("srt/b.py") and "no placeholder ['n']" in p for p in found), found
+    assert [p for p in found if p.startswith("srt/b.py")], found
+    assert not [p for p in found if p.startswith("srt/a.py")], found
+    root = _tree(tmp_path / "other", POOL.replace("slots: {n}, size: {gb:.2f}", "slots: {m}"))
+    slots = dataclasses.replace(READER, pattern=r"slots: (\w+)")
+    found = problems(slots, dataclasses.replace(BINDING, groups=("n",)), root)
+    assert any(p.startswith("srt/b.py") and "none of ('n',)" in p for p in found), found
+
+
+def test_a_group_of_an_optional_part_reads_nothing_where_sglang_prints_none(tmp_path: Path):
+    reader = Reader("LABELLED", "", r"(?:(\w+) )?widget pool is sized\. [^:]*slots: (\d+)")
+    binding = dataclasses.replace(BINDING, groups=("label", "n"))
+    assert problems(reader, binding, _tree(tmp_path, POOL)) == []
+    required = dataclasses.replace(
+        reader, pattern=r"(\w+) widget pool is sized\. [^:]*slots: (\d+)"
+    )
+    assert problems(required, binding, _tree(tmp_path / "other", POOL))
 
 
 def test_a_changed_word_or_group_order_of_the_reader_fails(tmp_path: Path):
     root = _tree(tmp_path, POOL)
-    assert problems(dataclasses.replace(READER, pattern=r"slot: (\d+), size: ([\d.]+) GB"),
-                    BINDING, root)  # fmt: skip
+    reworded = dataclasses.replace(READER, pattern=r"slot: (\d+), size: ([\d.]+) GB")
+    assert problems(reworded, BINDING, root)
     assert problems(dataclasses.replace(READER, phrase="widget pool is ready. "), BINDING, root)
     assert problems(READER, dataclasses.replace(BINDING, groups=("gb", "n")), root)
     # A group that reads only part of the number is as wrong as one that reads another.
-    assert problems(dataclasses.replace(READER, pattern=r"slots: (\d), size: ([\d.]+) GB"),
-                    BINDING, root)  # fmt: skip
+    one_digit = dataclasses.replace(READER, pattern=r"slots: (\d), size: ([\d.]+) GB")
+    assert problems(one_digit, BINDING, root)
