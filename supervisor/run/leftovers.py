@@ -49,11 +49,14 @@ def classify_processes(
     ours: dict[int, ProcessMarks] = {}
     foreign: dict[int, ProcessMarks] = {}
     for marks in processes.scan():
+        if marks.is_zombie:
+            # Already dead: it holds no memory and no GPU, and a SIGKILL cannot reach it. (One
+            # the containment just killed in our cgroup may wait here for init to reap it.)
+            continue
         judged = owner(marks)
         if judged is Owner.OURS:
             ours[marks.pid] = marks
-        elif marks.pid in on_gpu and judged is not Owner.SELF and not marks.is_zombie:
-            # A zombie holds no GPU memory any more and is nobody to stop.
+        elif marks.pid in on_gpu and judged is not Owner.SELF:
             foreign[marks.pid] = marks
     return (
         tuple(ours[pid] for pid in sorted(ours)),

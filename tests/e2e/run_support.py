@@ -88,7 +88,10 @@ class Supervisor:
                 out.append(event)
         return out
 
-    def wait_event(self, name: str, count: int = 1, timeout_s: float = 30.0) -> dict[str, Any]:
+    # A bound against a hang, never a speed expectation: a start beside two busy cores and a
+    # loaded suite took over 30 s (6.6 s for the GPU health read alone), and a passing story
+    # never waits it out.
+    def wait_event(self, name: str, count: int = 1, timeout_s: float = 120.0) -> dict[str, Any]:
         events = wait_until(
             lambda: found if len(found := self.events(name)) >= count else None,
             timeout_s=timeout_s,

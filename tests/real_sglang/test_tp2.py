@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from tests.real_sglang.lane import LANE_MARKS, Leftovers, real_supervisor
 from tests.waiting import wait_until
 
@@ -48,9 +50,11 @@ def test_a_killed_rank_is_one_rank_death_one_restart_and_ready_again(
 
 
 @contextmanager
-def busy_cores(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """`count` busy loops (one per core), each ending by itself after 30 minutes at most."""
-    loop = "import time\nend = time.monotonic() + 1800\nwhile time.monotonic() < end: pass\n"
+def busy_cores(count: int, lifetime_s: float) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`count` busy loops (one per core), each ending by itself after `lifetime_s` at most."""
+    loop = (
+        f"import time\nend = time.monotonic() + {lifetime_s}\nwhile time.monotonic() < end: pass\n"
+    )
     procs = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(count)]
     try:
         yield procs
@@ -60,13 +64,19 @@ def busy_cores(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.wait(timeout=30)
 
 
+# A hang guard that grows with the launches: each may wait 600 s for ready (a loaded machine
+# took about 300 s a launch), and 1200 s for all ten ended a healthy run at the fifth.
+LANE_TIMEOUT_S = 300 + 600 * LAUNCHES
+
+
+@pytest.mark.timeout(LANE_TIMEOUT_S)
 def test_loading_at_tp2_beside_busy_cores_has_no_false_rank_death(
     tmp_path: Path, simulated_process_guard: str
 ):
     false_deaths: list[tuple[int, dict[str, object]]] = []
     left: list[Leftovers] = []
     ready_count = 0
-    with busy_cores(2):
+    with busy_cores(2, LANE_TIMEOUT_S):
         for launch in range(LAUNCHES):
             with real_supervisor(tmp_path, simulated_process_guard, tp=2, leftovers=left) as sup:
                 # Ready, or a failure, then stopped. Not stopped earlier: a SIGTERM while SGLang

@@ -70,6 +70,23 @@ def test_recorded_pids_and_our_marker_are_leftovers_anywhere_a_reused_pid_is_not
     assert foreign == ()
 
 
+def test_a_dead_process_of_an_earlier_run_is_no_leftover_to_find_or_kill() -> None:
+    """A zombie (say, one the containment just killed in our cgroup, not yet reaped by init)
+    is already gone: neither reported as found nor sent a SIGKILL, on a GPU or not."""
+    processes = FakeProcesses(
+        [
+            FakeProc(pid=30, title="sglang::scheduler_TP0", state="Z", instance="mine"),
+            FakeProc(pid=31, title="python -m sglang.launch_server", state="Z", start_ticks=7),
+            FakeProc(pid=32, title="sglang::detokenizer", instance="mine"),
+            FakeProc(pid=33, title="python", state="Z"),
+        ]
+    )
+    state = RunState(server_pids=(ProcessRef(pid=31, start_ticks=7, title="server"),))
+    ours, foreign = classify_processes(processes, state, "mine", [30, 33])
+    assert [p.pid for p in ours] == [32]
+    assert foreign == ()
+
+
 def test_recorded_tree_titles_in_the_state_file_hold_no_api_key(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     main = ProcessInfo(pid=200, ppid=100, pgid=200, state="S", title=SECRET_TITLE, start_ticks=9)
