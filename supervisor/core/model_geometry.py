@@ -278,3 +278,9 @@ def attention_kind(config: Mapping[str, Any]) -> str:
     if is_mla(config):
         return "mla"
     return "mha"
+
+
+def kv_row_bytes(config: Mapping[str, Any], plan: LaunchPlan, layers: int) -> int:
+    """Bytes one token takes in `layers` attention layers of one rank: the row of a pool that
+    holds only some of the layers (a hybrid model's full and sliding-window pools)."""
+    return -(-_row_subbits(config, plan) * max(0, layers) // (8 * _SUB))

@@ -83,6 +83,12 @@ class LaunchPlan:
     tokenizer_worker_num: int = 1
     numa_node: tuple[int, ...] | None = None
     chunked_prefill_size: int | None = None
+    # Hybrid models' pools (core/pools.py); None: SGLang's fallback (0.8, 0.9, solved, config).
+    swa_full_tokens_ratio: float | None = None
+    disable_hybrid_swa_memory: bool = False
+    mamba_full_memory_ratio: float | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_ssm_dtype: str | None = None
     repeated: tuple[str, ...] = ()  # flags given more than once (SGLang takes the last)
     unknown: tuple[str, ...] = ()  # flags the table lacks, passed on (a newer SGLang)
     # The values of every secret flag (sglang_flags.is_secret_flag), the YAML's included.

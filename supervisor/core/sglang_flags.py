@@ -149,6 +149,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("tokenizer_worker_num", ("--tokenizer-worker-num",), _pos_int, "a positive integer"),
     Option("numa_node", ("--numa-node",), _ints, "GPU NUMA nodes, one integer each"),
     Option("chunked_prefill_size", ("--chunked-prefill-size",), _int, "an integer (-1: off)"),
+    Option(
+        "swa_full_tokens_ratio", ("--swa-full-tokens-ratio",), _fraction, "a fraction in (0, 1]"
+    ),
+    Option("disable_hybrid_swa_memory", ("--disable-hybrid-swa-memory",), None),
+    Option("mamba_full_memory_ratio", ("--mamba-full-memory-ratio",), _pos_float, "e.g. 0.9"),
+    Option("max_mamba_cache_size", ("--max-mamba-cache-size",), _pos_int, "a positive integer"),
+    Option("mamba_ssm_dtype", ("--mamba-ssm-dtype",), _str),
 )
 
 # SGLang's flags that take a string and have a secret word in their name (core/secret_names.py)
