@@ -38,9 +38,32 @@ WEIGHTS_LINE = ("Load weight end.", rf"avail mem={_GB_NUMBER}, mem usage={_GB_NU
 KV_LINE = ("KV Cache is allocated. ", r"#tokens: (\d+)")
 HOST_POOL_LINE = ("", r"hierarchical KV host pool: (\d+) tokens")
 POOL_END_LINE = ("", rf"Memory pool end\. avail mem={_GB_NUMBER}")
+# A Mamba hybrid's state pool on the GPU and its host mirror (mem_cache/memory_pool.py:983-1009,
+# mem_cache/pool_host/mamba.py:192-197). The host line's GB (decimal) is read only to know the
+# line: 0.5.20 prints no slot count there ("(layout=…)"), and the optional slots part has no
+# literal word that such a release would fail to check.
+MAMBA_LINE = ("Mamba Cache is allocated. ", r"max_mamba_cache_size: (\d+)")
+MAMBA_HOST_LINE = (
+    "",
+    r"Allocating ([\d.]+) GB host memory for hierarchical Mamba cache "
+    r"\((?:(\d+) [a-z ]+, )?layout=",
+)
 RANK_PATTERN = r"\bTP(\d+)\b"  # the scheduler's logger prefix, " TP3"
-SIZING_LINES = (WEIGHTS_LINE, KV_LINE, HOST_POOL_LINE, POOL_END_LINE)  # SizingLog's order
+SIZING_LINES = (  # SizingLog's order
+    WEIGHTS_LINE,
+    KV_LINE,
+    HOST_POOL_LINE,
+    POOL_END_LINE,
+    MAMBA_LINE,
+    MAMBA_HOST_LINE,
+)
 SIZING_PATTERNS = (RANK_PATTERN, *(p for _, p in SIZING_LINES))
+# The label SGLang puts before "KV Cache is allocated" (mem_cache/memory_pool.py:2073-2099
+# `_finalize_allocation_log`, allocation_label "Full" / "SWA" in mem_cache/swa_memory_pool.py:
+# 76-95): which pool a line sizes. No label: the model's one pool, or a Mamba hybrid's KV pool.
+_KV_LABELS = {"Full ": "full", "SWA ": "swa"}
+# Pools a line can name, so a damaged record cannot grow a plan without bound.
+_POOL_NAME_CHARS = 24
 # Bounds of the record file: a few launches per deployment, a few deployments per instance.
 RECORDS_PER_DEPLOYMENT = 4
 RECORDS_MAX = 32
@@ -57,6 +80,11 @@ class Measurement:
     free_after_pools_bytes: int | None = None
     # Where SGLang measured: "gpu", or "cpu" (--device cpu: its "avail mem" is host RAM).
     device: str = "gpu"
+    # Each pool apart (tokens; "mamba": state slots), the smallest over the ranks: "kv" (the one
+    # pool), "full" and "swa" (sliding window), "mamba", "draft…" (a draft model's, logged after
+    # the target's "Memory pool end"). None: a record written before pools were read.
+    device_pools: Mapping[str, int] | None = None
+    host_pools: Mapping[str, int] | None = None  # by SGLang's host pool label ("kv", "full", …)
 
     @property
     def complete(self) -> bool:
@@ -78,7 +106,7 @@ class SizingLog:
         return None if at == -1 else pattern.search(line, at + len(phrase))
 
     def feed(self, line: str) -> None:
-        if "mem" not in line and "tokens" not in line:
+        if "mem" not in line and "tokens" not in line and "Mamba" not in line:
             return  # the common case: not a sizing line
         rank_match = self._rank.search(line)
         rank = self._ranks.setdefault(int(rank_match.group(1)) if rank_match else 0, {})
@@ -87,11 +115,27 @@ class SizingLog:
             rank["pre_load_free_bytes"] = int((avail + usage) * GiB)
             rank["weights_bytes"] = int(usage * GiB)
         elif (m := self._found(line, 1)) is not None:
-            rank["device_tokens"] = int(m.group(1))
+            self._device_pool(rank, _kv_label(line), int(m.group(1)))
+        elif (m := self._found(line, 4)) is not None:
+            self._device_pool(rank, "mamba", int(m.group(1)))
         elif (m := self._found(line, 2)) is not None:
             rank["host_pool_tokens"] = rank.get("host_pool_tokens", 0) + int(m.group(1))
+            rank[f"host:{_host_label(line[: m.start()])}"] = int(m.group(1))
+        elif (m := self._found(line, 5)) is not None and m.group(2) is not None:
+            rank["host:mamba"] = int(m.group(2))
         elif (m := self._found(line, 3)) is not None:
             rank["free_after_pools_bytes"] = int(max(0.0, float(m.group(1))) * GiB)
+            rank["pool_ends"] = rank.get("pool_ends", 0) + 1
+
+    @staticmethod
+    def _device_pool(rank: dict[str, int], name: str, size: int) -> None:
+        """A device pool's size. After the rank's first "Memory pool end" a pool is a draft
+        model's: its worker sizes its own pools after the target's (model_runner order)."""
+        if rank.get("pool_ends"):
+            name = "draft" if name == "kv" else f"draft_{name}"
+        rank[f"device:{name}"] = size
+        if name in ("kv", "full"):
+            rank["device_tokens"] = size  # the cache's tokens: the full pool of a hybrid
 
     def measurement(self) -> Measurement:
         """The binding value of each number: the least free memory and tokens, the most weights."""
@@ -100,13 +144,37 @@ class SizingLog:
             values = [r[key] for r in self._ranks.values() if key in r]
             return pick(values) if values else None
 
+        def pools(prefix: str) -> dict[str, int] | None:
+            names = sorted({k for r in self._ranks.values() for k in r if k.startswith(prefix)})
+            found = {n.removeprefix(prefix): over_ranks(n) for n in names}
+            return {n: v for n, v in found.items() if v is not None} or None
+
         return Measurement(
             pre_load_free_bytes=over_ranks("pre_load_free_bytes"),
             weights_bytes=over_ranks("weights_bytes", max),
             device_tokens=over_ranks("device_tokens"),
             host_pool_tokens=over_ranks("host_pool_tokens"),
             free_after_pools_bytes=over_ranks("free_after_pools_bytes"),
+            device_pools=pools("device:"),
+            host_pools=pools("host:"),
         )
+
+
+def _kv_label(line: str) -> str:
+    """Which pool a "KV Cache is allocated" line sizes, from the label before it."""
+    head = line[: line.find(KV_LINE[0])]
+    return next((name for label, name in _KV_LABELS.items() if head.endswith(label)), "kv")
+
+
+def _host_label(head: str) -> str:
+    """The pool label of "Allocating {label} hierarchical KV host pool" (pool_host/base.py:
+    261-278): "kv", "full", "swa", "draft_swa"; a word SGLang does not write is "kv"."""
+    words = head.split()
+    if len(words) >= 2 and words[-2] == "Allocating":
+        label = words[-1]
+        if len(label) <= _POOL_NAME_CHARS and label.replace("_", "").isalnum():
+            return label
+    return "kv"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +211,18 @@ def device_settings(plan: LaunchPlan) -> dict[str, Any]:
         "cpu_offload_gb": plan.cpu_offload_gb,
         "speculative_algorithm": plan.speculative_algorithm,
         "chunked_prefill_size": plan.chunked_prefill_size,
-    }
+    } | {key: getattr(plan, key) for key in _HYBRID_SETTINGS if getattr(plan, key)}
+
+
+# The flags that size a hybrid model's pools apart (core/pools.py): in the settings only when
+# given, so that a record of a launch without them, older than them, still matches one.
+_HYBRID_SETTINGS = (
+    "swa_full_tokens_ratio",
+    "disable_hybrid_swa_memory",
+    "mamba_full_memory_ratio",
+    "max_mamba_cache_size",
+    "mamba_ssm_dtype",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,9 +246,26 @@ class Record:
         return cls(
             deployment=Deployment(**data["deployment"]),
             settings=dict(data["settings"]),
-            measurement=Measurement(**data["measurement"]),
+            measurement=_measurement(data["measurement"]),
             at=float(data["at"]),
         )
+
+
+def _measurement(data: Mapping[str, Any]) -> Measurement:
+    """A measurement from its JSON; its pools (absent from older records) must map short names
+    to counts."""
+    measured = Measurement(**data)
+    for pools in (measured.device_pools, measured.host_pools):
+        if pools is None:
+            continue
+        if not isinstance(pools, Mapping) or len(pools) > RECORDS_MAX:
+            raise ValueError(f"pools must be a small mapping, got {pools!r:.80}")
+        for name, size in pools.items():
+            if not isinstance(name, str) or len(name) > _POOL_NAME_CHARS:
+                raise ValueError(f"pool name {name!r:.40} is not one")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ValueError(f"pool {name} size {size!r:.40} is not a count")
+    return measured
 
 
 def add_record(records: Sequence[Record], new: Record) -> tuple[Record, ...]:

@@ -77,6 +77,18 @@ BINDINGS: tuple[Binding, ...] = (
         ("srt/mem_cache/kv_cache_configurator.py",),
         ("get_available_gpu_memory(self.device, self.gpu_id)",),
     ),
+    Binding(
+        "MAMBA_LINE",
+        ("Mamba Cache is allocated. ", "max_mamba_cache_size: "),
+        ("srt/mem_cache/memory_pool.py",),
+        ("size",),
+    ),
+    Binding(
+        "MAMBA_HOST_LINE",
+        ("Allocating ", " GB host memory for hierarchical Mamba cache ("),
+        ("srt/mem_cache/pool_host/mamba.py",),
+        ("requested_bytes / 1000000000.0", "self.size"),  # 0.5.20 prints no slot count
+    ),
     # The scheduler's logger prefix (" DP0 PP1 TP3 EP3"), the rank that prints the line.
     Binding("RANK_PATTERN", (" TP",), ("srt/managers/scheduler.py",), ("shown_tp",), exact=True),
 )

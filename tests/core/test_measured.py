@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from supervisor.core.measured import (
     RECORDS_MAX,
     RECORDS_PER_DEPLOYMENT,
@@ -10,8 +12,10 @@ from supervisor.core.measured import (
     Record,
     SizingLog,
     add_record,
+    device_settings,
     latest_for,
 )
+from supervisor.core.sglang_args import parse_launch_args
 from supervisor.core.units import GiB
 
 PREFIX = "[2026-12-01 05:00:00 TP{rank}] "
@@ -162,3 +166,51 @@ def test_a_measurement_taken_on_cpu_is_kept_as_such_and_never_sizes_a_gpu():
     old = gpu.to_json()
     del old["measurement"]["device"]
     assert Record.from_json(old).measurement.device == "gpu"
+
+
+def test_each_kv_line_is_filed_under_its_pool_and_a_draft_s_after_the_pool_end():
+    """SGLang labels a sliding-window model's pools ("Full", "SWA": mem_cache/swa_memory_pool.py
+    76-95) and logs a draft model's pools after the target's "Memory pool end"."""
+    log = SizingLog()
+    for text in (
+        "Full KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 0.01 GB, "
+        "V size: 0.01 GB",
+        "SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 800, K size: 0.01 GB, "
+        "V size: 0.01 GB",
+        "Memory pool end. avail mem=20.00 GB",
+        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 0.00 GB, "
+        "V size: 0.00 GB",
+        "Memory pool end. avail mem=19.00 GB",
+    ):
+        log.feed(line(0, text))
+    got = log.measurement()
+    assert got.device_pools == {"full": 1000, "swa": 800, "draft": 1000}
+    assert got.device_tokens == 1000  # the full pool's, never the last line's
+    assert got.free_after_pools_bytes == int(19.00 * GiB)
+
+
+def test_the_last_kv_line_no_longer_decides_the_tokens():
+    log = SizingLog()
+    log.feed(line(0, "Full KV Cache is allocated. dtype: torch.bfloat16, #tokens: 5000, KV"))
+    log.feed(line(0, "SWA KV Cache is allocated. dtype: torch.bfloat16, #tokens: 4000, KV"))
+    assert log.measurement().device_tokens == 5000
+
+
+def test_a_record_without_pools_reads_and_one_with_bad_pools_does_not():
+    old = record(1.0).to_json()
+    del old["measurement"]["device_pools"], old["measurement"]["host_pools"]
+    assert Record.from_json(old).measurement.device_pools is None
+    for bad in ({"full": -1}, {"full": "many"}, {"x" * 40: 1}, ["full"]):
+        damaged = record(1.0).to_json()
+        damaged["measurement"]["device_pools"] = bad
+        with pytest.raises(ValueError, match="pool"):
+            Record.from_json(damaged)
+
+
+def test_hybrid_flags_enter_the_settings_only_when_given():
+    plain = device_settings(parse_launch_args(["--model-path", "m"]))
+    assert "swa_full_tokens_ratio" not in plain  # an older record of the same launch matches
+    ratio = device_settings(
+        parse_launch_args(["--model-path", "m", "--swa-full-tokens-ratio", "0.5"])
+    )
+    assert ratio["swa_full_tokens_ratio"] == 0.5
