@@ -8,8 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from supervisor.core import fit
+from supervisor.core import fit, hybrid_host
 from supervisor.core.checks import Check, Status, Term
+from supervisor.core.hybrid_geometry import HybridLayout
+from supervisor.core.pools import Pool
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.sglang_versions import SglangRules
 from supervisor.core.units import GB, format_gb
@@ -29,6 +31,7 @@ class HostAssessment:
     max_hicache_size_gb: int
     safe_host_tokens: int
     fits_without_hicache: bool = True  # the host and its NUMA nodes, with no host pool at all
+    pools: tuple[Pool, ...] = ()  # a hybrid model's pools with their host pools (else none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,6 +168,26 @@ def _memory_checks(
     return checks
 
 
+def _safe_size(
+    plan: LaunchPlan,
+    bytes_per_token: int,
+    indexer_bytes_per_token: int,
+    budget: fit.HostBudget,
+    numa: Sequence[fit.NumaLoad],
+) -> tuple[int, int]:
+    """(the largest `--hicache-size` that fits, the host tokens it buys) for one pool."""
+    page = plan.effective_page_size
+    safe = fit.max_hicache_size_gb(
+        bytes_per_token=bytes_per_token,
+        indexer_bytes_per_token=indexer_bytes_per_token,
+        page_size=page,
+        local_ranks=plan.local_ranks,
+        budget=budget,
+        numa=numa,
+    )
+    return safe, fit.page_aligned_tokens(safe * GB // bytes_per_token, page) if safe else 0
+
+
 def assess_host(
     *,
     plan: LaunchPlan,
@@ -175,10 +198,28 @@ def assess_host(
     numa: Sequence[fit.NumaLoad],
     rules: SglangRules,
     cgroup_limited: bool,
+    layout: HybridLayout | None = None,
+    device_pools: tuple[Pool, ...] | None = None,
 ) -> HostAssessment:
-    """Size the host pool the way SGLang will and check it against the host and NUMA budgets."""
+    """Size the host pool the way SGLang will and check it against the host and NUMA budgets.
+
+    `layout`: a hybrid model's pools (core/hybrid_geometry.py), sized beside `device_pools`
+    (None: the GPU is unknown) instead of one pool of `bytes_per_token`.
+    """
     local_ranks = plan.local_ranks
-    pool = _pool(plan, bytes_per_token, indexer_bytes_per_token, device_tokens, budget, rules)
+    side = (
+        None if layout is None else hybrid_host.host_side(plan, layout, device_pools, budget, rules)
+    )
+    if side is None:
+        pool = _pool(plan, bytes_per_token, indexer_bytes_per_token, device_tokens, budget, rules)
+    else:
+        pool = _Pool(
+            mode=side.mode,
+            ratio=side.ratio,
+            tokens=side.anchor_host_tokens,
+            bytes_=side.host_bytes,
+            checks=side.checks,
+        )
     checks = list(pool.checks)
     required = None
     if pool.bytes_ is not None:
@@ -190,15 +231,10 @@ def assess_host(
             f"≈ {format_gb(budget.load_transient_bytes)} across {local_ranks} ranks while loading"
         )
         checks.append(Check("weight_loading", Status.WARN, detail))
-    page = plan.effective_page_size
-    safe = fit.max_hicache_size_gb(
-        bytes_per_token=bytes_per_token,
-        indexer_bytes_per_token=indexer_bytes_per_token,
-        page_size=page,
-        local_ranks=local_ranks,
-        budget=budget,
-        numa=numa,
-    )
+    if layout is None:
+        safe, bought = _safe_size(plan, bytes_per_token, indexer_bytes_per_token, budget, numa)
+    else:
+        safe, bought = hybrid_host.safe_size(plan, layout, device_pools, budget, numa)
     return HostAssessment(
         mode=pool.mode,
         ratio=pool.ratio,
@@ -208,6 +244,7 @@ def assess_host(
         terms=_terms(budget, local_ranks, pool.bytes_, cgroup_limited),
         checks=tuple(checks),
         max_hicache_size_gb=safe,
-        safe_host_tokens=fit.page_aligned_tokens(safe * GB // bytes_per_token, page) if safe else 0,
+        safe_host_tokens=bought,
         fits_without_hicache=fit.fits_host(0, local_ranks, budget, numa),
+        pools=side.pools if side is not None else (),
     )

@@ -182,6 +182,10 @@ class FitReport:
     numa: tuple[dict[str, int], ...] = field(default_factory=tuple)
     # The host (and each NUMA node) has room for the launch with no host pool at all.
     fits_without_hicache: bool = True
+    # Each pool of a rank (core/pools.py Pool.to_json): "kv" for a model of one pool; "full",
+    # "swa" or "mamba" beside "kv" for a hybrid model. Tokens (Mamba: slots) and bytes, on the
+    # GPU and in host memory.
+    pools: tuple[Mapping[str, object], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -223,6 +227,7 @@ class FitReport:
             "avg_request_tokens": self.avg_request_tokens,
             "safe_concurrent_requests": self.safe_concurrent_requests,
             "numa": [dict(n) for n in self.numa],
+            "pools": [dict(p) for p in self.pools],
             "sglang_version": self.sglang_version,
             "sglang_rules": self.sglang_rules,
             "device_tokens_source": self.device_tokens_source,
@@ -242,10 +247,12 @@ class FitReport:
 
     def _plan_lines(self) -> list[str]:
         indexer = self.indexer_bytes_per_token_per_rank
+        hybrid = self._is_hybrid
         lines = [
             f"  model             {self.model}",
             f"  KV cell           {self.bytes_per_token_per_rank:,} B/token/rank "
-            f"({self.attention}, {self.layers_per_rank} layers, {self.kv_cache_dtype})"
+            + ("in the full pool " if hybrid else "")
+            + f"({self.attention}, {self.layers_per_rank} layers, {self.kv_cache_dtype})"
             + (f" + DSA indexer {indexer:,} B" if indexer else ""),
             f"  local ranks       {self.local_ranks} (each allocates its own host pool)",
         ]
@@ -256,13 +263,35 @@ class FitReport:
         else:
             gpu = format_gb(self.gpu_free_bytes) if self.gpu_free_bytes is not None else "?"
             weights = self.weights_per_rank_bytes
+            shared = (
+                "shared by the pools below" if hybrid else f"/ {self.bytes_per_token_per_rank:,} B"
+            )
             lines.append(
                 f"  device KV         {self.device_tokens_per_rank:,} tokens/rank "
                 f"((GPU free {gpu} × {self.mem_fraction_static} − weights "
-                f"{format_gb(weights) if weights is not None else 'unknown'}) "
-                f"/ {self.bytes_per_token_per_rank:,} B)"
+                f"{format_gb(weights) if weights is not None else 'unknown'}) {shared})"
             )
         lines.append(self._pool_line())
+        return lines + self._hybrid_pool_lines()
+
+    @property
+    def _is_hybrid(self) -> bool:
+        return any(p.get("pool") not in ("kv", "indexer") for p in self.pools)
+
+    def _hybrid_pool_lines(self) -> list[str]:
+        """One line per pool of a hybrid model (a model of one pool has them above)."""
+        if not self._is_hybrid:
+            return []
+        lines = ["  pools per rank"]
+        for pool in self.pools:
+            device, row = _count(pool.get("device")), _count(pool.get("row_bytes")) or 0
+            size = "?" if device is None else f"{device:,}"
+            text = f"    {pool.get('pool')!s:<5} {size} {pool.get('unit')} × {row:,} B"
+            if (device_bytes := _count(pool.get("device_bytes"))) is not None:
+                text += f" = {format_gb(device_bytes)} on the GPU"
+            if (host := _count(pool.get("host"))) is not None:
+                text += f"; host {host:,} = {format_gb(host * row)}"
+            lines.append(text)
         return lines
 
     def _pool_line(self) -> str:
@@ -305,3 +334,8 @@ class FitReport:
             f"    buys {self.safe_host_tokens_per_rank:,} host tokens/rank ≈ "
             f"{self.safe_concurrent_requests:,} requests of {self.avg_request_tokens:,} tokens",
         ]
+
+
+def _count(value: object) -> int | None:
+    """A pool's number from its JSON form, None when absent."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

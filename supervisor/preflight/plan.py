@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.adapters.host import HostProbe, HostReadError
-from supervisor.adapters.model_config import ModelInfo, load_model_config
 from supervisor.config import SupervisorConfig
 from supervisor.core import fit, model_geometry
 from supervisor.core.assess import HostAssessment, assess_host
@@ -34,56 +33,15 @@ from supervisor.preflight.inputs import (
     model_checks,
     numa_loads,
     read_gpus,
-    resolve_relative,
 )
 from supervisor.preflight.measurements import load_records
+from supervisor.preflight.model import Model, read_model, report_pools, split_checks
 from supervisor.preflight.reader import launch_reader, read_plan
 
 if TYPE_CHECKING:  # types only: core.ports brings the run loop's events and classifier
     from supervisor.core.ledger import Reservation
     from supervisor.core.ports import GpuSensor
     from supervisor.preflight.health import HealthGate
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _Model:
-    """The model's KV geometry on one rank."""
-
-    info: ModelInfo
-    bytes_per_token: int
-    indexer_bytes_per_token: int
-    layers: int
-    kv_dtype: str
-
-
-def _model(config: SupervisorConfig, plan: LaunchPlan, config_dir: Path | None) -> _Model:
-    override = resolve_relative(config.server.model_config, config_dir)
-    info = load_model_config(plan.model_path or "", override)
-    try:
-        problem = model_geometry.shape_problem(info.config)
-        if problem is not None:
-            raise model_geometry.GeometryError(problem)
-        return _Model(
-            info=info,
-            bytes_per_token=model_geometry.bytes_per_token_per_rank(info.config, plan),
-            indexer_bytes_per_token=model_geometry.indexer_bytes_per_token_per_rank(
-                info.config, plan
-            ),
-            layers=model_geometry.layers_per_rank(info.config, plan),
-            kv_dtype=model_geometry.kv_cache_dtype(info.config, plan),
-        )
-    except model_geometry.GeometryError as exc:
-        raise ConfigError(f"model config {info.config_file}: {exc}") from None
-
-
-def _split_checks(model: _Model, plan: LaunchPlan) -> list[Check]:
-    """A TP that SGLang cannot split the attention heads over: a property of argv and model, so
-    a failed check (`run` refuses it, exit 1), not bad input: each is valid on its own."""
-    problem = model_geometry.tp_split_problem(model.info.config, plan)
-    if problem is None:
-        return []
-    detail = f"{problem}: SGLang stops at load when it splits the attention layers over TP"
-    return [Check("attention_heads", Status.FAIL, detail)]
 
 
 def deployment_of(plan: LaunchPlan, gpus: GpuFacts, rules: SglangRules) -> Deployment:
@@ -130,7 +88,7 @@ def _ledger_checks(claims: Sequence[Reservation]) -> list[Check]:
 def _budget(
     config: SupervisorConfig,
     plan: LaunchPlan,
-    model: _Model,
+    model: Model,
     usable_bytes: int,
     reserved_bytes: int = 0,
 ) -> fit.HostBudget:
@@ -180,7 +138,7 @@ def run_preflight(
     env = dict(os.environ if env is None else env) | dict(config.server.env)
     reader = reader or launch_reader(config, argv)
     plan = read_plan(reader, argv)
-    model = _model(config, plan, config_dir)
+    model = read_model(config, plan, config_dir, env)
     planning = config.host.mem_available_bytes is not None
     gpus = read_gpus(config, plan, gpu_sensor)
     state = state_dir or config.run.state_path
@@ -190,18 +148,9 @@ def run_preflight(
     budget = _budget(config, plan, model, usable, sum(r.outstanding_bytes for r in reserved))
     numa, numa_checks = numa_loads(config, plan, gpus, probe, planning, env)
     rules = reader.rules
-    host = assess_host(
-        plan=plan,
-        bytes_per_token=model.bytes_per_token,
-        indexer_bytes_per_token=model.indexer_bytes_per_token,
-        device_tokens=device.tokens,
-        budget=budget,
-        numa=numa,
-        rules=rules,
-        cgroup_limited=cgroup is not None,
-    )
+    host = _assess(plan, model, device, budget, numa, rules, cgroup_limited=cgroup is not None)
     notes = [Check("sglang_args", Status.WARN, note) for note in reader.notes(plan)]
-    checks = [*notes, *model_checks(model.info, plan), *_split_checks(model, plan), *gpus.checks]
+    checks = [*notes, *model_checks(model.info, plan), *split_checks(model, plan), *gpus.checks]
     checks += _health_checks(config, plan, gpus, gpu_sensor, health)
     checks += [*device_checks, *host_checks, *numa_checks, *_ledger_checks(reserved), *host.checks]
     if not planning:
@@ -210,6 +159,31 @@ def run_preflight(
         checks.extend(local_checks(plan, gpus, probe, env, pools, same_user=same_user))
     report = _report(argv, plan, model, gpus, device, host, budget, numa, rules, config, checks)
     return dataclasses.replace(report, deployment=deployment)
+
+
+def _assess(
+    plan: LaunchPlan,
+    model: Model,
+    device: Device,
+    budget: fit.HostBudget,
+    numa: Sequence[fit.NumaLoad],
+    rules: SglangRules,
+    *,
+    cgroup_limited: bool,
+) -> HostAssessment:
+    """The host side: the host pools beside the device pools, and the budget."""
+    return assess_host(
+        plan=plan,
+        bytes_per_token=model.bytes_per_token,
+        indexer_bytes_per_token=model.indexer_bytes_per_token,
+        device_tokens=device.tokens,
+        budget=budget,
+        numa=numa,
+        rules=rules,
+        cgroup_limited=cgroup_limited,
+        layout=model.layout,
+        device_pools=device.pools,
+    )
 
 
 def _health_checks(
@@ -232,7 +206,7 @@ def _health_checks(
 def _device(
     config: SupervisorConfig,
     plan: LaunchPlan,
-    model: _Model,
+    model: Model,
     gpus: GpuFacts,
     rules: SglangRules,
     env: Mapping[str, str],
@@ -249,6 +223,7 @@ def _device(
         gpu_total_bytes=gpus.total_bytes,
         gpu_free_bytes=gpus.free_bytes,
         env=env,
+        layout=model.layout,
     )
     device = device_pool(plan, inputs, latest_for(records, deployment))
     checks = list(device.checks)
@@ -260,7 +235,7 @@ def _device(
 def _report(
     argv: Sequence[str],
     plan: LaunchPlan,
-    model: _Model,
+    model: Model,
     gpus: GpuFacts,
     device: Device,
     host: HostAssessment,
@@ -310,6 +285,7 @@ def _report(
             {"node": n.node, "ranks": n.ranks, "available_bytes": n.available_bytes} for n in numa
         ),
         fits_without_hicache=host.fits_without_hicache,
+        pools=report_pools(plan, model, tokens, host),
     )
 
 
