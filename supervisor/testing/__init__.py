@@ -139,8 +139,15 @@ as RssAnon and, with --enable-hierarchical-cache, its host pool (DSA: + the inde
 touched MAP_SHARED|MAP_ANONYMOUS (RssShmem), sized by supervisor/testing/sizing.py, a
 transcription of SGLang's sizing code kept apart from the pre-flight's (size, ratio and
 default-ratio modes; SGLang's auto-sizing is not simulated: auto uses the default ratio). A
---model-path without a readable config.json uses Llama-3-70B geometry (80 layers, 8 KV heads,
-head_dim 128, bf16).
+hybrid model (GPT-OSS and Llama-4: a full and a sliding-window pool; Qwen3-Next and Nemotron-H:
+a Mamba state pool beside the attention layers' KV) is sized pool by pool by
+supervisor/testing/hybrid.py: the budget split as SGLang splits it (SWA 0.8 × full,
+--swa-full-tokens-ratio; Mamba 0.9/1.9 of the budget, --mamba-full-memory-ratio,
+--max-mamba-cache-size), one "KV Cache is allocated" line per pool in SGLang's order ("Full"
+then "SWA" and the SWAKVPool total; "Mamba Cache is allocated" before the KV pool's), and a
+host pool per pool (--hicache-size split by device bytes; "Allocating full/swa/kv hierarchical
+KV host pool", "… hierarchical Mamba cache (N state slots, …)"). A --model-path without a
+readable config.json uses Llama-3-70B geometry (80 layers, 8 KV heads, head_dim 128, bf16).
 
 Multi-node (supervisor/testing/rendezvous.py, gate.py; --nnodes N --node-rank R
 --dist-init-addr HOST:PORT (alias --nccl-init-addr) [--gated-launch-port P]): the ranks form one

@@ -87,6 +87,12 @@ class SimArgs:
     enable_metrics: bool
     skip_server_warmup: bool
     served_model_name: str | None
+    # A hybrid model's pools (supervisor/testing/hybrid.py); None: SGLang's fallback.
+    swa_full_tokens_ratio: float | None = None
+    disable_hybrid_swa_memory: bool = False
+    mamba_full_memory_ratio: float | None = None
+    max_mamba_cache_size: int | None = None
+    mamba_ssm_dtype: str | None = None
 
 
 def _parser() -> _Parser:
@@ -144,11 +150,22 @@ def _parser() -> _Parser:
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--skip-server-warmup", action="store_true")
     p.add_argument("--skip-tokenizer-init", action="store_true")
+    _add_hybrid_flags(p)
+    return p
+
+
+def _add_hybrid_flags(p: _Parser) -> None:
+    """The flags that size a hybrid model's pools (arg_groups/fields/schedule.py, exec_.py),
+    then the neighbours that keep SGLang's abbreviations ambiguous where they are."""
+    p.add_argument("--swa-full-tokens-ratio", type=float)
+    p.add_argument("--disable-hybrid-swa-memory", action="store_true")
+    p.add_argument("--mamba-full-memory-ratio", type=float)
+    p.add_argument("--max-mamba-cache-size", type=int)
+    p.add_argument("--mamba-ssm-dtype", choices=("float32", "bfloat16", "float16"))
     for flag in _NEIGHBOURS:
         p.add_argument(flag, dest=flag[2:].replace("-", "_"))
     for flag in _SWITCH_NEIGHBOURS:
         p.add_argument(flag, action="store_true")
-    return p
 
 
 def parse_sim_args(argv: Sequence[str]) -> SimArgs:
@@ -197,4 +214,9 @@ def parse_sim_args(argv: Sequence[str]) -> SimArgs:
         enable_metrics=ns.enable_metrics,
         skip_server_warmup=ns.skip_server_warmup,
         served_model_name=ns.served_model_name,
+        swa_full_tokens_ratio=ns.swa_full_tokens_ratio,
+        disable_hybrid_swa_memory=ns.disable_hybrid_swa_memory,
+        mamba_full_memory_ratio=ns.mamba_full_memory_ratio,
+        max_mamba_cache_size=ns.max_mamba_cache_size,
+        mamba_ssm_dtype=ns.mamba_ssm_dtype,
     )

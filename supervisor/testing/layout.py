@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.testing import gpu_state, memlog, sizing
+from supervisor.testing import gpu_state, hybrid, memlog, sizing
 from supervisor.testing.args import SimArgs
 from supervisor.testing.scenario import Scenario
 
@@ -39,10 +39,10 @@ def size_server(args: SimArgs, scenario: Scenario, gpus: Sequence[Any]) -> Sizin
         min(g.total_bytes for g in gpus) if gpus else gpu_state.DEFAULT_TOTAL_BYTES
     )
     fraction = args.mem_fraction_static or sizing.mem_fraction_static(total, args, mla=geo.mla)
+    free_before = total - gpu_state.DEFAULT_BASELINE_USED_BYTES - scenario.cuda_context_bytes
+    pools = _hybrid_pools(config, args, scenario, free_before, fraction)
     tokens = scenario.max_total_num_tokens or sizing.device_tokens(
-        free_before_bytes=total
-        - gpu_state.DEFAULT_BASELINE_USED_BYTES
-        - scenario.cuda_context_bytes,
+        free_before_bytes=free_before,
         weights_bytes=scenario.weight_bytes_per_rank,
         mem_fraction=fraction,
         cell_bytes=geo.size_per_token + geo.indexer_per_token,
@@ -54,11 +54,16 @@ def size_server(args: SimArgs, scenario: Scenario, gpus: Sequence[Any]) -> Sizin
         if args.enable_hierarchical_cache
         else 0
     )
+    pool_bytes = pool_tokens * (geo.size_per_token + geo.indexer_per_token)
+    if pools:
+        anchor = next(p for p in pools if p.host_label in ("full", "kv"))
+        tokens, pool_tokens = anchor.size, anchor.host_size
+        pool_bytes = sum(p.host_size * p.row for p in pools)
     return Sizing(
         bytes_per_token=geo.size_per_token,
         device_tokens=tokens,
         pool_tokens=pool_tokens,
-        pool_bytes=pool_tokens * (geo.size_per_token + geo.indexer_per_token),
+        pool_bytes=pool_bytes,
         gpu_total_bytes=total,
         attention_kind=geo.kind,
         memory=memlog.MemoryPlan(
@@ -75,8 +80,32 @@ def size_server(args: SimArgs, scenario: Scenario, gpus: Sequence[Any]) -> Sizin
             cuda_context_bytes=scenario.cuda_context_bytes,
             host_tokens=pool_tokens,
             host_layout=memlog.host_layout(args.hicache_mem_layout, args.hicache_io_backend),
+            pools=tuple(pools),
         ),
     )
+
+
+def _hybrid_pools(
+    config: dict[str, Any],
+    args: SimArgs,
+    scenario: Scenario,
+    free_before: int,
+    fraction: float,
+) -> list[hybrid.SimPool]:
+    """A hybrid model's pools with their host pools (testing/hybrid.py); none for a model of
+    one pool, or a scenario that fixes the token count."""
+    if scenario.max_total_num_tokens:
+        return []
+    rest = sizing.kv_budget_gib(free_before, scenario.weight_bytes_per_rank, fraction)
+    itemsize = sizing.kv_itemsize(config, args.kv_cache_dtype)
+    try:
+        pools = hybrid.device_pools(config, args, rest, itemsize) or []
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return []  # a config SGLang could not size either: the pre-flight refuses it first
+    if not pools or not args.enable_hierarchical_cache:
+        return pools
+    ratio = args.hicache_ratio if args.hicache_ratio is not None else sizing.default_ratio(args)
+    return hybrid.with_host_pools(args, pools, ratio)
 
 
 def mask_argv(argv: Sequence[str]) -> str:
@@ -95,7 +124,7 @@ def mask_argv(argv: Sequence[str]) -> str:
 def server_info(args: SimArgs, sizing_: Sizing, argv: Sequence[str]) -> dict[str, Any]:
     model_path = args.model_path
     served = args.served_model_name or model_path
-    kv_gb = sum(sizing_.memory.kv_sizes()) / memlog.GIB
+    kv_gb = sizing_.memory.device_bytes() / memlog.GIB
     info = {
         "model_path": model_path,
         "served_model_name": served,

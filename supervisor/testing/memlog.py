@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.testing import gpu_state
+from supervisor.testing.hybrid import SimPool
 
 GIB = 1 << 30
 _KV_DTYPES = {
@@ -51,6 +52,13 @@ class MemoryPlan:
     cuda_context_bytes: int
     host_tokens: int  # 0 without --enable-hierarchical-cache
     host_layout: str
+    pools: tuple[SimPool, ...] = ()  # a hybrid model's pools (testing/hybrid.py), SGLang's order
+
+    def device_bytes(self) -> int:
+        """What the device pools hold: the simulated GPU is charged this."""
+        if self.pools:
+            return sum(p.device_bytes for p in self.pools)
+        return sum(self.kv_sizes())
 
     def kv_sizes(self) -> tuple[int, ...]:
         """(K, V) bytes for MHA, (KV,) for MLA and DSA, as the device pool allocates them."""
@@ -128,14 +136,84 @@ def kv_allocated(plan: MemoryPlan) -> str:
     return head + f"KV size: {sizes[0] / GIB:.2f} GB"
 
 
+def kv_allocated_lines(plan: MemoryPlan) -> list[str]:
+    """Every device pool's line in SGLang's order: a Mamba hybrid's state pool before its KV
+    pool (the request pool is built first), a sliding-window model's Full then SWA pool and the
+    pair's total (mem_cache/swa_memory_pool.py `SWAKVPool.__init__`)."""
+    if not plan.pools:
+        return [kv_allocated(plan)]
+    lines = []
+    for pool in plan.pools:
+        rows = pool.size + pool.pad
+        if pool.label == "Mamba":  # mem_cache/memory_pool.py `MambaPool.__init__`, no spec
+            lines.append(
+                f"Mamba Cache is allocated. max_mamba_cache_size: {pool.size}, "
+                f"conv_state size: {rows * pool.k_row / GIB:.2f}GB, "
+                f"ssm_state size: {rows * pool.v_row / GIB:.2f}GB "
+            )
+            continue
+        name = f"{pool.label} KV Cache" if pool.label else "KV Cache"
+        lines.append(
+            f"{name} is allocated. dtype: {plan.kv_dtype}, #tokens: {pool.size}, "
+            f"K size: {rows * pool.k_row / GIB:.2f} GB, V size: {rows * pool.v_row / GIB:.2f} GB"
+        )
+    sizes = {p.label: p for p in plan.pools}
+    if "SWA" in sizes:
+        total = sizes["Full"].device_bytes + sizes["SWA"].device_bytes
+        lines.append(
+            f"SWAKVPool mem usage: {total / GIB:.2f} GB, swa size: {sizes['SWA'].size}, "
+            f"full size: {sizes['Full'].size}"
+        )
+    return lines
+
+
 def pool_end(free: int) -> str:
     return f"Memory pool end. avail mem={free / GIB:.2f} GB"
+
+
+def _smaller(name: str, host: int, device: int) -> str:
+    """pool_host/base.py names the pool ("HiCache full host pool"), pool_host/mamba.py says
+    "HiCache host KV pool"."""
+    return (
+        f"HiCache {name} ({host} tokens) is smaller than the device pool "
+        f"({device} tokens);L2 cache effectiveness is reduced.Consider increasing "
+        "--hicache-ratio (or --hicache-size) for higher L2 cache hit rate."
+    )
+
+
+def hybrid_host_lines(plan: MemoryPlan) -> list[str]:
+    """A hybrid model's host pools, KV pools first (hybrid_pool_assembler.py builds the Mamba
+    host pool after the KV one): pool_host/base.py `_allocate_host_buffer`, pool_host/mamba.py."""
+    lines = []
+    for pool in sorted(plan.pools, key=lambda p: p.label == "Mamba"):
+        if pool.label == "Mamba":
+            if pool.host_size <= pool.size:
+                lines.append(_smaller("host KV pool", pool.host_size, pool.size))
+            layout = (
+                "page_first_direct"
+                if plan.host_layout == "page_first_kv_split"
+                else plan.host_layout
+            )
+            lines.append(
+                f"Allocating {pool.host_size * pool.row / 1e9:.2f} GB host memory for "
+                f"hierarchical Mamba cache ({pool.host_size} state slots, layout={layout})."
+            )
+            continue
+        if pool.host_size <= pool.size:
+            lines.append(_smaller(f"{pool.host_label} host pool", pool.host_size, pool.size))
+        lines.append(
+            f"Allocating {pool.host_label} hierarchical KV host pool: {pool.host_size} tokens, "
+            f"{pool.host_size * pool.row / 1e9:.2f} GB host memory."
+        )
+    return lines
 
 
 def host_pool_lines(plan: MemoryPlan) -> list[str]:
     """The host pool's lines, in order (none without a host pool)."""
     if plan.host_tokens <= 0:
         return []
+    if plan.pools:
+        return hybrid_host_lines(plan)
     lines: list[str] = []
     if plan.host_tokens <= plan.device_tokens:
         lines.append(

@@ -253,8 +253,9 @@ def run_scheduler(spec: RankSpec, conn: Connection) -> None:
     gpu.hold(plan.weights_bytes)
     log(p, memlog.load_end(plan, time.monotonic() - began, gpu.free()))
     runtime = touch_memory(spec.runtime_real_bytes, shared=False)
-    gpu.hold(sum(plan.kv_sizes()))
-    log(p, memlog.kv_allocated(plan))
+    gpu.hold(plan.device_bytes())
+    for line in memlog.kv_allocated_lines(plan):
+        log(p, line)
     log(p, memlog.pool_end(gpu.free()))
     for line in memlog.host_pool_lines(plan):
         log(p, line)

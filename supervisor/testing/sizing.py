@@ -78,7 +78,7 @@ class Geometry:
     v_per_token: int = 0  # MHA: the V half of size_per_token (its log line sizes K and V apart)
 
 
-def _kv_itemsize(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
+def kv_itemsize(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
     if kv_cache_dtype != "auto":
         return _ITEMSIZE.get(kv_cache_dtype, 1)
     quant = config.get("quantization_config") or {}
@@ -91,7 +91,7 @@ def _kv_itemsize(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
 def geometry(config: Mapping[str, Any], args: SimArgs) -> Geometry:
     """The KV row of one rank for this model and launch."""
     layers = -(-int(config["num_hidden_layers"]) // args.pp_size)
-    itemsize = _kv_itemsize(config, args.kv_cache_dtype)
+    itemsize = kv_itemsize(config, args.kv_cache_dtype)
     if config.get("kv_lora_rank") is not None:
         dim = int(config["kv_lora_rank"]) + int(config["qk_rope_head_dim"])
         if config.get("index_head_dim") is not None:
@@ -177,6 +177,13 @@ def mem_fraction_static(gpu_total_bytes: int, args: SimArgs, *, mla: bool) -> fl
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 
+def kv_budget_gib(free_before_bytes: int, weights_bytes: int, mem_fraction: float) -> float:
+    """`_profile_available_bytes`: free memory after the weights less the slack, in GiB."""
+    pre_gib = free_before_bytes / (1 << 30)
+    after_gib = (free_before_bytes - weights_bytes) / (1 << 30)
+    return after_gib - pre_gib * (1 - mem_fraction)
+
+
 def device_tokens(
     *,
     free_before_bytes: int,
@@ -187,9 +194,7 @@ def device_tokens(
     max_total_tokens: int | None,
 ) -> int:
     """`_profile_available_bytes` + `calculate_pool_sizes`: the device KV pool in tokens."""
-    pre_gib = free_before_bytes / (1 << 30)
-    after_gib = (free_before_bytes - weights_bytes) / (1 << 30)
-    rest_gib = after_gib - pre_gib * (1 - mem_fraction)
+    rest_gib = kv_budget_gib(free_before_bytes, weights_bytes, mem_fraction)
     if rest_gib <= 0:
         return 0
     budget = int(rest_gib * (1 << 30))
