@@ -187,7 +187,7 @@ def mamba_layer_state_bytes(
     config: Mapping[str, Any], plan: LaunchPlan, env: Mapping[str, str]
 ) -> int:
     """One request's conv + SSM state in one Mamba layer of one rank (configs/mamba_utils.py:
-    199-240 `Mamba2StateShape.create`): conv (intermediate + 2 × groups × state) / TP ×
+    195-240 `Mamba2StateShape.create`): conv (intermediate + 2 × groups × state) / TP ×
     (kernel − 1) elements, SSM heads / TP × head dim × state elements. Groups that TP does not
     divide are widened to TP (`extra_groups_for_head_shards`)."""
     keys = _MAMBA2_KEYS if _architecture(config) in _NEMOTRON_H else _GDN_KEYS

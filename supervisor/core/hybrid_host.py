@@ -42,7 +42,7 @@ def _ratio(
     rules: SglangRules,
 ) -> tuple[str, float | None, list[Check]]:
     """(mode, ratio, checks): size, an explicit ratio, or SGLang's auto-sizing, whose device
-    bytes are every pool's (mem_cache/hicache_auto_size.py:45-61 `_estimate_hicache_bytes`)."""
+    bytes are every pool's (mem_cache/hicache_auto_size.py:44-79 `_estimate_hicache_bytes`)."""
     mode = plan.hicache_mode if plan.uses_hicache else "off"
     if mode in ("off", "size"):
         return mode, None, []

@@ -50,7 +50,7 @@ def test_gpt_oss_has_a_full_and_a_sliding_window_pool_of_18_layers_each():
 
 def test_qwen3_next_has_12_attention_layers_and_36_of_mamba_state():
     # Every 4th layer is attention (configs/qwen3_next.py:260-268). A state slot per layer and
-    # rank (configs/mamba_utils.py:199-240): conv (32·128 + 2·16·128) / 8 × (4 − 1) = 3,072 bf16
+    # rank (configs/mamba_utils.py:195-240): conv (32·128 + 2·16·128) / 8 × (4 − 1) = 3,072 bf16
     # = 6,144 B; SSM 32/8 × 128 × 128 = 65,536 float32 = 262,144 B; × 36 layers = 9,658,368 B.
     got = layout("qwen3-next-80b-a3b")
     assert (got.kind, got.full_layers, got.mamba_layers) == ("mamba", 12, 36)

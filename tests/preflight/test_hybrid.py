@@ -191,9 +191,9 @@ def _kv_line(label: str, tokens: int, row_per_layer: int, layers: int) -> str:
 
 def gpt_oss_lines(rank: int) -> list[str]:
     """What one GPT-OSS rank logs: model_runner.py:1372-1379, the two KV pools (full first:
-    mem_cache/swa_memory_pool.py:96-107), swa_memory_pool.py:130-134,
-    kv_cache_configurator.py:497-500, then the host pools (pool_host/base.py:273-278, labels of
-    hybrid_pool_assembler.py:448-463)."""
+    mem_cache/swa_memory_pool.py:76-107), swa_memory_pool.py:130-134,
+    kv_cache_configurator.py:498-501, then the host pools (pool_host/base.py:272-278, labels of
+    hybrid_pool_assembler.py:418-433)."""
     lines = [
         "Load weight end. elapsed=41.20 s, type=GptOssForCausalLM, quant=mxfp4, "
         "avail mem=130.84 GB, mem usage=7.57 GB.",
@@ -209,7 +209,7 @@ def gpt_oss_lines(rank: int) -> list[str]:
 
 def qwen_next_lines(rank: int) -> list[str]:
     """One Qwen3-Next rank: the Mamba pool before the KV pool (the request pool is built
-    first, kv_cache_configurator.py:770-790), memory_pool.py:1004-1009, then the host pools
+    first, kv_cache_configurator.py:744-781), memory_pool.py:1004-1009, then the host pools
     (hybrid_pool_assembler.py:1331-1353; pool_host/mamba.py:192-197)."""
     lines = [
         "Load weight end. elapsed=63.02 s, type=Qwen3NextForCausalLM, "
