@@ -35,8 +35,16 @@ from supervisor.core.units import GiB
 # release: a regex SizingLog applies belongs in one of those two tuples, under a public name.
 _GB_NUMBER = r"(-?[\d.]+) GB"  # "-0.00 GB" too: a difference of two readings
 WEIGHTS_LINE = ("Load weight end.", rf"avail mem={_GB_NUMBER}, mem usage={_GB_NUMBER}")
-KV_LINE = ("KV Cache is allocated. ", r"#tokens: (\d+)")
-HOST_POOL_LINE = ("", r"hierarchical KV host pool: (\d+) tokens")
+# Each KV line with the label of its pool, where SGLang prints one: "Full KV Cache is
+# allocated" / "SWA KV Cache …" (mem_cache/memory_pool.py:2073-2099 `_finalize_allocation_log`,
+# allocation_label "Full" / "SWA" in mem_cache/swa_memory_pool.py:76-95; no label: the model's
+# one pool, or a Mamba hybrid's KV pool), and "Allocating full hierarchical KV host pool"
+# (pool_host/base.py:261-278, pool_label "kv", "full", "swa", "draft_swa"). The label opens the
+# line, so these two are searched from its start; an optional label is a branch with an empty
+# side, and the dtype a run of its own characters, so that the search stays linear
+# (tests/core/pattern_shape.py).
+KV_LINE = ("", r"(?:\b(\w+) |)KV Cache is allocated\. dtype: [\w.]*, #tokens: (\d+)")
+HOST_POOL_LINE = ("", r"(?:Allocating (\w+) |)hierarchical KV host pool: (\d+) tokens")
 POOL_END_LINE = ("", rf"Memory pool end\. avail mem={_GB_NUMBER}")
 # A Mamba hybrid's state pool on the GPU and its host mirror (mem_cache/memory_pool.py:983-1009,
 # mem_cache/pool_host/mamba.py:192-197). The host line's GB (decimal) is read only to know the
@@ -58,10 +66,8 @@ SIZING_LINES = (  # SizingLog's order
     MAMBA_HOST_LINE,
 )
 SIZING_PATTERNS = (RANK_PATTERN, *(p for _, p in SIZING_LINES))
-# The label SGLang puts before "KV Cache is allocated" (mem_cache/memory_pool.py:2073-2099
-# `_finalize_allocation_log`, allocation_label "Full" / "SWA" in mem_cache/swa_memory_pool.py:
-# 76-95): which pool a line sizes. No label: the model's one pool, or a Mamba hybrid's KV pool.
-_KV_LABELS = {"Full ": "full", "SWA ": "swa"}
+# Which pool a KV line's label names; any other label (or none) is the one pool, "kv".
+_KV_LABELS = {"Full": "full", "SWA": "swa"}
 # Pools a line can name, so a damaged record cannot grow a plan without bound.
 _POOL_NAME_CHARS = 24
 # Bounds of the record file: a few launches per deployment, a few deployments per instance.
@@ -115,12 +121,12 @@ class SizingLog:
             rank["pre_load_free_bytes"] = int((avail + usage) * GiB)
             rank["weights_bytes"] = int(usage * GiB)
         elif (m := self._found(line, 1)) is not None:
-            self._device_pool(rank, _kv_label(line), int(m.group(1)))
+            self._device_pool(rank, _KV_LABELS.get(m.group(1) or "", "kv"), int(m.group(2)))
         elif (m := self._found(line, 4)) is not None:
             self._device_pool(rank, "mamba", int(m.group(1)))
         elif (m := self._found(line, 2)) is not None:
-            rank["host_pool_tokens"] = rank.get("host_pool_tokens", 0) + int(m.group(1))
-            rank[f"host:{_host_label(line[: m.start()])}"] = int(m.group(1))
+            rank["host_pool_tokens"] = rank.get("host_pool_tokens", 0) + int(m.group(2))
+            rank[f"host:{_host_label(m.group(1))}"] = int(m.group(2))
         elif (m := self._found(line, 5)) is not None and m.group(2) is not None:
             rank["host:mamba"] = int(m.group(2))
         elif (m := self._found(line, 3)) is not None:
@@ -160,21 +166,10 @@ class SizingLog:
         )
 
 
-def _kv_label(line: str) -> str:
-    """Which pool a "KV Cache is allocated" line sizes, from the label before it."""
-    head = line[: line.find(KV_LINE[0])]
-    return next((name for label, name in _KV_LABELS.items() if head.endswith(label)), "kv")
-
-
-def _host_label(head: str) -> str:
-    """The pool label of "Allocating {label} hierarchical KV host pool" (pool_host/base.py:
-    261-278): "kv", "full", "swa", "draft_swa"; a word SGLang does not write is "kv"."""
-    words = head.split()
-    if len(words) >= 2 and words[-2] == "Allocating":
-        label = words[-1]
-        if len(label) <= _POOL_NAME_CHARS and label.replace("_", "").isalnum():
-            return label
-    return "kv"
+def _host_label(label: str | None) -> str:
+    """A host pool's label as the record keeps it; none, or one too long to be SGLang's, is
+    "kv"."""
+    return label if label is not None and len(label) <= _POOL_NAME_CHARS else "kv"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,8 +46,9 @@ class Binding:
     anchor: tuple[str, ...]
     files: tuple[str, ...]  # every file under sglang/ that prints it
     # Per group of the regex, the expression it must read (a group reads nothing from a format
-    # without that expression).
-    groups: tuple[str, ...]
+    # without that expression), or a tuple of its spellings in different releases (an attribute
+    # in one, the argument it is set from in another): the first one the format has.
+    groups: tuple[str | tuple[str, ...], ...]
     exact: bool = False  # the format's whole literal text is the anchor
 
 
@@ -63,13 +64,14 @@ BINDINGS: tuple[Binding, ...] = (
         "KV_LINE",
         ("is allocated", ". dtype: ", "#tokens: "),
         ("srt/mem_cache/memory_pool.py",),
-        ("num_tokens",),
+        ("self.allocation_label", "num_tokens"),  # no label: "KV Cache is allocated"
     ),
     Binding(
         "HOST_POOL_LINE",
-        ("hierarchical KV host pool: ",),
+        ("Allocating ", " hierarchical KV host pool: "),
         ("srt/mem_cache/pool_host/base.py",),
-        ("self.size",),
+        # 0.5.20 formats the constructor's argument, 0.5.23 the attribute set from it.
+        (("self.pool_label", "pool_label"), "self.size"),
     ),
     Binding(
         "POOL_END_LINE",
@@ -161,19 +163,25 @@ def printers(binding: Binding, root: Path) -> list[Format]:
     return found
 
 
+def _spellings(group: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (group,) if isinstance(group, str) else group
+
+
 def read_problems(reader: Reader, binding: Binding, fmt: Format, where: str) -> list[str]:
     """What `reader` gets wrong about one format: no match, or a group off its placeholder."""
     holes = {h.expr: h for h in fmt.holes}
-    if not any(e in holes for e in binding.groups):
+    # Each group's expression as this format spells it (None: the format has none of them).
+    exprs = [next((e for e in _spellings(g) if e in holes), None) for g in binding.groups]
+    if not any(exprs):
         return [f"{where}: none of {binding.groups} in SGLang's format, only {sorted(holes)}"]
-    bound = {expr: n for n, expr in enumerate(binding.groups)}
+    bound = {expr: n for n, expr in enumerate(exprs) if expr is not None}
     line = fmt.render(lambda i, hole: sample_value(i, hole, bound))
     match = reader.read(line)
     if match is None:
         return [f"{where}: {reader.name} {reader.pattern!r} does not read {line!r}"]
     # A group whose expression this format (or this choice of it) lacks must read nothing: an
     # optional part, such as a pool's label where SGLang prints none.
-    want = tuple(sample_value(0, holes[e], bound) if e in holes else None for e in binding.groups)
+    want = tuple(None if e is None else sample_value(0, holes[e], bound) for e in exprs)
     if match.groups() != want:
         return [f"{where}: {reader.name} reads {match.groups()} from {line!r}, not {want}"]
     return []

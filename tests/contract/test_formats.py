@@ -90,6 +90,19 @@ def test_a_group_of_an_optional_part_reads_nothing_where_sglang_prints_none(tmp_
     assert problems(required, binding, _tree(tmp_path / "other", POOL))
 
 
+def test_a_group_may_read_an_expression_spelled_differently_in_another_release(tmp_path: Path):
+    reader = Reader("SPARE", "", r"Reserving (\w+) spare slots: (\d+) slots")
+    binding = Binding("SPARE", ("Reserving ", " spare slots: "), ("srt/a.py",), ("label", "n"))
+    root = _tree(tmp_path, "")
+    renamed = _tree(tmp_path / "other", "")
+    (renamed / "srt" / "a.py").write_text(POOL.replace(", label, n, gb)", ", self.label, n, gb)"))
+    assert problems(reader, binding, root) == []
+    assert problems(reader, binding, renamed)
+    either = dataclasses.replace(binding, groups=(("self.label", "label"), "n"))
+    assert problems(reader, either, root) == problems(reader, either, renamed) == []
+    assert problems(reader, dataclasses.replace(either, groups=(("self.label", "x"), "n")), root)
+
+
 def test_a_changed_word_or_group_order_of_the_reader_fails(tmp_path: Path):
     root = _tree(tmp_path, POOL)
     reworded = dataclasses.replace(READER, pattern=r"slot: (\d+), size: ([\d.]+) GB")

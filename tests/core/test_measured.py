@@ -196,6 +196,28 @@ def test_the_last_kv_line_no_longer_decides_the_tokens():
     assert log.measurement().device_tokens == 5000
 
 
+def test_host_pools_by_label_and_the_mamba_slots_where_sglang_prints_them():
+    """pool_host/base.py names each host pool; another pool's label (MiniMax's index pool) is
+    "kv"'s; a Mamba host line without a slot count (0.5.20's wording) sizes nothing."""
+    log = SizingLog()
+    for text in (
+        "Allocating full hierarchical KV host pool: 2000 tokens, 1.00 GB host memory.",
+        "Allocating draft_swa hierarchical KV host pool: 300 tokens, 0.10 GB host memory.",
+        "MiniMax MSA-v1 main NVFP4 KV Cache is allocated. dtype: fp4, #tokens: 64, KV size: 0.1 GB",
+        "Allocating 0.50 GB host memory for hierarchical Mamba cache (layout=layer_first).",
+    ):
+        log.feed(line(0, text))
+    got = log.measurement()
+    assert got.host_pools == {"full": 2000, "draft_swa": 300}
+    assert got.device_pools == {"kv": 64}
+    slots = "(96 state slots, layout=layer_first)."
+    log.feed(line(0, f"Allocating 0.50 GB host memory for hierarchical Mamba cache {slots}"))
+    assert log.measurement().host_pools == {"full": 2000, "draft_swa": 300, "mamba": 96}
+    long = "Allocating " + "x" * 40 + " hierarchical KV host pool: 7 tokens, 0.01 GB host memory."
+    log.feed(line(1, long))
+    assert log.measurement().host_pools == {"full": 2000, "draft_swa": 300, "mamba": 96, "kv": 7}
+
+
 def test_a_record_without_pools_reads_and_one_with_bad_pools_does_not():
     old = record(1.0).to_json()
     del old["measurement"]["device_pools"], old["measurement"]["host_pools"]
