@@ -93,6 +93,28 @@ class LaunchPlan:
     unknown: tuple[str, ...] = ()  # flags the table lacks, passed on (a newer SGLang)
     # The values of every secret flag (sglang_flags.is_secret_flag), the YAML's included.
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    # Opt-in host-memory consumers (core/host_consumers.py), with SGLang 0.5.23's defaults
+    # (arg_groups/fields/exec_.py, lora.py, memory.py).
+    enable_memory_saver: bool = False
+    enable_weights_cpu_backup: bool = False
+    enable_draft_weights_cpu_backup: bool = False
+    kt_weight_path: str | None = None
+    kt_num_gpu_experts: int | None = None
+    offload_group_size: int = -1
+    offload_num_in_group: int = 1
+    offload_mode: str = "cpu"
+    enable_lora: bool = False
+    lora_paths: tuple[str, ...] = ()
+    max_loaded_loras: int | None = None
+    max_loras_per_batch: int = 8
+    enable_lora_overlap_loading: bool = False
+    hicache_storage_backend_extra_config: str | None = None
+    enable_hisparse: bool = False
+    hisparse_config: str | None = None
+    enable_lmcache: bool = False
+    lmcache_config_file: str | None = None
+    enable_flexkv: bool = False
+    flexkv_config_file: str | None = None
 
     @property
     def data_parallel_replicas(self) -> int:

@@ -7,6 +7,7 @@ it accepts (docs/sglang.md §2). A flag an older release lacks is simply never g
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +88,48 @@ def _ints(value: object) -> tuple[int, ...]:
     return tuple(_nonneg_int(v) for v in items)
 
 
+def _strs(value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, list | tuple) else [value]
+    return tuple(str(v) for v in items)
+
+
+def _group_size(value: object) -> int:
+    number = int(str(value))
+    if number < -1:  # SGLang's default -1 and 0 both mean off (utils/offloader.py:73)
+        raise ValueError("must be -1 (off) or a positive integer")
+    return number
+
+
+# _BaseParamOffloader.create's table (utils/offloader.py:387-392): any other mode is a KeyError
+# when the first layer is wrapped, minutes into the launch.
+OFFLOAD_MODES = ("meta", "cpu", "shm_cpu", "sharded_gpu")
+
+
+def _offload_mode(value: object) -> str:
+    text = str(value)
+    if text not in OFFLOAD_MODES:
+        raise ValueError(f"must be one of {', '.join(OFFLOAD_MODES)}")
+    return text
+
+
+def _json_or_file(value: object) -> str:
+    """A JSON object, or `@file` (SGLang reads the file; the supervisor does not)."""
+    text = str(value)
+    return text if text.startswith("@") else _json_object(text)
+
+
+def _json_object(value: object) -> str:
+    """A JSON object, which SGLang json.loads at start (mem_cache/sparsity/factory.py:70-75)."""
+    text = str(value)
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("must be a JSON object")
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     dest: str  # the LaunchPlan field
@@ -132,7 +175,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("base_gpu_id", ("--base-gpu-id",), _nonneg_int, "a non-negative integer"),
     Option("gpu_id_step", ("--gpu-id-step",), _pos_int, "a positive integer"),
     Option("weight_loader_disable_mmap", ("--weight-loader-disable-mmap",), None),
-    Option("cpu_offload_gb", ("--cpu-offload-gb",), _gigabytes, "a non-negative integer (GB)"),
+    Option("cpu_offload_gb", ("--cpu-offload-gb",), _gigabytes, "a non-negative integer (GiB)"),
     Option("speculative_algorithm", ("--speculative-algorithm",), _str),
     Option("speculative_draft_model_path", ("--speculative-draft-model-path",), _path),
     Option("speculative_num_steps", ("--speculative-num-steps",), _pos_int, "an integer"),
@@ -156,6 +199,35 @@ OPTIONS: tuple[Option, ...] = (
     Option("mamba_full_memory_ratio", ("--mamba-full-memory-ratio",), _pos_float, "e.g. 0.9"),
     Option("max_mamba_cache_size", ("--max-mamba-cache-size",), _pos_int, "a positive integer"),
     Option("mamba_ssm_dtype", ("--mamba-ssm-dtype",), _str),
+    # The opt-in host-memory consumers (core/host_consumers.py).
+    Option("enable_memory_saver", ("--enable-memory-saver",), None),
+    Option("enable_weights_cpu_backup", ("--enable-weights-cpu-backup",), None),
+    Option("enable_draft_weights_cpu_backup", ("--enable-draft-weights-cpu-backup",), None),
+    Option("kt_weight_path", ("--kt-weight-path",), _str),
+    Option("kt_num_gpu_experts", ("--kt-num-gpu-experts",), _nonneg_int, "a non-negative integer"),
+    Option("offload_group_size", ("--offload-group-size",), _group_size),
+    Option("offload_num_in_group", ("--offload-num-in-group",), _pos_int, "a positive integer"),
+    Option("offload_mode", ("--offload-mode",), _offload_mode),
+    Option("enable_lora", ("--enable-lora",), None),
+    Option("lora_paths", ("--lora-paths",), _strs),
+    Option("max_loaded_loras", ("--max-loaded-loras",), _pos_int, "a positive integer"),
+    Option("max_loras_per_batch", ("--max-loras-per-batch",), _pos_int, "a positive integer"),
+    Option("enable_lora_overlap_loading", ("--enable-lora-overlap-loading",), None),
+    Option(
+        "hicache_storage_backend_extra_config",
+        ("--hicache-storage-backend-extra-config",),
+        _json_or_file,
+    ),
+    Option("enable_hisparse", ("--enable-hisparse",), None),
+    Option(
+        "hisparse_config",
+        ("--hisparse-config", "--hierarchical-sparse-attention-extra-config"),
+        _json_object,
+    ),
+    Option("enable_lmcache", ("--enable-lmcache",), None),
+    Option("lmcache_config_file", ("--lmcache-config-file",), _str),
+    Option("enable_flexkv", ("--enable-flexkv",), None),
+    Option("flexkv_config_file", ("--flexkv-config-file",), _str),
 )
 
 # SGLang's flags that take a string and have a secret word in their name (core/secret_names.py)
