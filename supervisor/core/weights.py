@@ -42,6 +42,11 @@ class RankWeights:
     source: str  # "safetensors headers" | "config.json" | "even split"
 
 
+def is_replicated(name: str) -> bool:
+    """A checkpoint tensor SGLang loads whole on every rank."""
+    return re.search(_REPLICATED_NAME, name) is not None
+
+
 def replicated_from_tensors(tensor_bytes: Mapping[str, int]) -> int:
     """Bytes of the tensors SGLang replicates, by name (from the safetensors headers)."""
     replicated = re.compile(_REPLICATED_NAME)
