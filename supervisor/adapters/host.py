@@ -1,8 +1,8 @@
 """Host facts for the pre-flight from /proc, /sys and the cgroup tree (roots injectable for tests).
 
 MemAvailable, cgroup v1/v2 headroom over all ancestors, NUMA node meminfo, RLIMIT_MEMLOCK,
-/dev/shm's size and free space, hugepages, whether a port is bound, and which processes hold
-/dev/nvidia*.
+/dev/shm's size and free space, hugepages, whether a port is bound, which processes hold
+/dev/nvidia*, and the filesystem a directory is on.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from supervisor.core.units import KiB
 # socket and core.readings (its dataclasses) are imported by the reads that need them: a
 # pre-flight planning another box from given facts reads nothing here.
 if TYPE_CHECKING:
+    from supervisor.core.host_consumers import StorageDir
     from supervisor.core.readings import HostMemory, NumaNodeMemory
     from supervisor.core.shm_space import ShmSpace
 
@@ -279,6 +280,40 @@ class HostProbe:
         except OSError:
             return None
         return ShmSpace(size_bytes=st.f_frsize * st.f_blocks, free_bytes=st.f_frsize * st.f_bavail)
+
+    def read_filesystem(self, path: str) -> StorageDir:
+        """The filesystem type and free space where `path` is or would be created (its nearest
+        existing ancestor), from mountinfo's longest matching mount point; unknown: None."""
+        from supervisor.core.host_consumers import StorageDir
+
+        existing = Path(os.path.abspath(path))
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free: int | None = None
+        with contextlib.suppress(OSError):
+            st = os.statvfs(existing)
+            free = st.f_frsize * st.f_bavail
+        return StorageDir(path=path, fs_type=self._fs_type(existing), free_bytes=free)
+
+    def _fs_type(self, path: Path) -> str | None:
+        try:
+            lines = (self.proc_root / "self" / "mountinfo").read_text().splitlines()
+            resolved = str(path.resolve())
+        except OSError:
+            return None
+        best, fs_type = -1, None
+        for line in lines:
+            left, sep, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            if not sep or len(fields) < 5 or not tail:
+                continue
+            mount = fields[4].replace("\\040", " ")
+            inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) > best:  # later mounts over the same point win on ties
+                best, fs_type = len(mount), tail[0]
+            elif inside and len(mount) == best:
+                fs_type = tail[0]
+        return fs_type
 
     def read_device_holders(self, exclude_pid: int | None = None) -> dict[int, frozenset[str]]:
         """PIDs holding /dev/nvidia* open, with the device paths (unreadable PIDs are skipped)."""

@@ -117,6 +117,7 @@ def _terms(
                 bytes=-budget.cpu_offload_bytes_per_rank * local_ranks,
             )
         )
+    terms += [Term(label=c.label, bytes=-c.bytes) for c in budget.consumers if c.bytes]
     if pool_bytes is not None:
         pools_total = pool_bytes * local_ranks
         if budget.load_transient_bytes > pools_total:

@@ -186,6 +186,8 @@ class FitReport:
     # "swa" or "mamba" beside "kv" for a hybrid model. Tokens (Mamba: slots) and bytes, on the
     # GPU and in host memory.
     pools: tuple[Mapping[str, object], ...] = ()
+    # SGLang's opt-in host consumers counted in the budget (core/host_consumers.py Consumer).
+    host_consumers: tuple[dict[str, Any], ...] = field(default_factory=tuple)
 
     @property
     def fits(self) -> bool:
@@ -228,6 +230,7 @@ class FitReport:
             "safe_concurrent_requests": self.safe_concurrent_requests,
             "numa": [dict(n) for n in self.numa],
             "pools": [dict(p) for p in self.pools],
+            "host_consumers": [dict(c) for c in self.host_consumers],
             "sglang_version": self.sglang_version,
             "sglang_rules": self.sglang_rules,
             "device_tokens_source": self.device_tokens_source,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from supervisor.core.host_consumers import Consumer
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.units import GB, GiB, MiB
 
@@ -213,6 +214,8 @@ class HostBudget:
     # Planned by other instances starting on this host and not yet pinned (the ledger):
     # MemAvailable does not show it yet.
     reserved_bytes: int = 0
+    # SGLang's opt-in host consumers beside the pools (core/host_consumers.py), steady state.
+    consumers: tuple[Consumer, ...] = ()
 
     @property
     def budget_bytes(self) -> int:
@@ -236,7 +239,7 @@ def required_host_bytes(pool_bytes_per_rank: int, local_ranks: int, budget: Host
     do not overlap; the per-rank runtime and the main process are there in both phases.
     """
     runtime = local_ranks * (budget.per_rank_overhead_bytes + budget.cpu_offload_bytes_per_rank)
-    runtime += budget.main_overhead_bytes
+    runtime += budget.main_overhead_bytes + sum(c.bytes for c in budget.consumers)
     return runtime + max(budget.load_transient_bytes, local_ranks * pool_bytes_per_rank)
 
 
@@ -245,6 +248,7 @@ def numa_required_bytes(pool_bytes_per_rank: int, node: NumaLoad, budget: HostBu
     per_rank = (
         pool_bytes_per_rank + budget.per_rank_overhead_bytes + budget.cpu_offload_bytes_per_rank
     )
+    per_rank += sum(c.each_bytes for c in budget.consumers if c.per_rank)
     return node.ranks * per_rank
 
 

@@ -19,7 +19,7 @@ from supervisor.core.hybrid_geometry import HybridLayout
 from supervisor.core.measured import Record, device_settings
 from supervisor.core.pools import Pool
 from supervisor.core.sglang_args import LaunchPlan
-from supervisor.core.units import GB, format_gb
+from supervisor.core.units import GiB, format_gb
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +57,8 @@ def _rank_weights(plan: LaunchPlan, inputs: DeviceInputs) -> tuple[int | None, s
         pp_size=plan.pp_size,
         tensor_bytes=inputs.tensor_bytes,
     )
-    per_rank = max(0, split.per_rank_bytes - plan.cpu_offload_gb * GB)
+    # --cpu-offload-gb is GiB per rank (utils/offloader.py:68-72).
+    per_rank = max(0, split.per_rank_bytes - plan.cpu_offload_gb * GiB)
     replicated = format_gb(split.replicated_bytes)
     how = f"replicated {replicated} from {split.source}" if split.replicated_bytes else "split"
     return per_rank, how

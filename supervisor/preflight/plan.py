@@ -24,8 +24,9 @@ from supervisor.core.sglang_args import LaunchPlan, redact_argv
 from supervisor.core.sglang_args import with_flag_value as _with_flag_value
 from supervisor.core.sglang_launch import LaunchReader
 from supervisor.core.sglang_versions import SglangRules
-from supervisor.core.units import GB, format_gb
+from supervisor.core.units import format_gb
 from supervisor.errors import ConfigError
+from supervisor.preflight.consumers import HostConsumers, ModelFacts, host_consumers
 from supervisor.preflight.device import Device, DeviceInputs, device_pool
 from supervisor.preflight.inputs import (
     GpuFacts,
@@ -85,12 +86,47 @@ def _ledger_checks(claims: Sequence[Reservation]) -> list[Check]:
     return [Check("ledger", Status.OK, detail)]
 
 
+def _host_budget(
+    config: SupervisorConfig,
+    plan: LaunchPlan,
+    model: Model,
+    device: Device,
+    probe: HostProbe,
+    env: Mapping[str, str],
+    reserved: Sequence[Reservation],
+) -> tuple[fit.HostBudget, int | None, list[Check]]:
+    """The budget, the cgroup headroom (None: no limit) and the checks of both: what is usable,
+    less the reserve, the overheads, SGLang's opt-in consumers and other instances' claims."""
+    available, cgroup, checks = _usable(config, probe)
+    usable = available if cgroup is None else min(available, cgroup)
+    facts = ModelFacts(
+        config=model.info.config,
+        tensor_bytes=model.info.tensor_bytes,
+        bytes_per_token=model.bytes_per_token,
+        indexer_bytes_per_token=model.indexer_bytes_per_token,
+        weights_per_rank_bytes=device.weights_per_rank_bytes,
+        device_tokens=device.tokens,
+    )
+    consumers = host_consumers(
+        plan,
+        facts,
+        env,
+        probe=probe,
+        planning=config.host.mem_available_bytes is not None,
+        main_overhead_bytes=config.preflight.main_overhead_bytes,
+    )
+    claims = sum(r.outstanding_bytes for r in reserved)
+    budget = _budget(config, plan, model, usable, claims, consumers)
+    return budget, cgroup, [*checks, *consumers.checks]
+
+
 def _budget(
     config: SupervisorConfig,
     plan: LaunchPlan,
     model: Model,
     usable_bytes: int,
-    reserved_bytes: int = 0,
+    reserved_bytes: int,
+    consumers: HostConsumers,
 ) -> fit.HostBudget:
     pre = config.preflight
     load_transient = 0
@@ -103,8 +139,9 @@ def _budget(
         per_rank_overhead_bytes=pre.per_rank_overhead_bytes,
         main_overhead_bytes=pre.main_overhead_bytes,
         load_transient_bytes=load_transient,
-        cpu_offload_bytes_per_rank=plan.cpu_offload_gb * GB,
+        cpu_offload_bytes_per_rank=consumers.cpu_offload_bytes_per_rank,
         reserved_bytes=reserved_bytes,
+        consumers=consumers.counted,
     )
 
 
@@ -143,9 +180,7 @@ def run_preflight(
     gpus = read_gpus(config, plan, gpu_sensor)
     state = state_dir or config.run.state_path
     device, deployment, device_checks = _device(config, plan, model, gpus, reader.rules, env, state)
-    available, cgroup, host_checks = _usable(config, probe)
-    usable = available if cgroup is None else min(available, cgroup)
-    budget = _budget(config, plan, model, usable, sum(r.outstanding_bytes for r in reserved))
+    budget, cgroup, host_checks = _host_budget(config, plan, model, device, probe, env, reserved)
     numa, numa_checks = numa_loads(config, plan, gpus, probe, planning, env)
     rules = reader.rules
     host = _assess(plan, model, device, budget, numa, rules, cgroup_limited=cgroup is not None)
@@ -286,6 +321,7 @@ def _report(
         ),
         fits_without_hicache=host.fits_without_hicache,
         pools=report_pools(plan, model, tokens, host),
+        host_consumers=tuple(c.to_json() for c in budget.consumers),
     )
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from supervisor.core.units import GB
+from supervisor.core.units import GB, GiB
 from tests.preflight.support import KIMI_ARGS, LLAMA, ROOT, SEED, SEED_FACTS, run, run_json
 
 # --- the seed box --------------------------------------------------------------------------
@@ -185,11 +185,13 @@ def test_cpu_offload_and_disabled_mmap_enter_the_arithmetic(capsys):
     args += ["--weight-loader-disable-mmap"]
     _, data = run_json(capsys, *SEED_FACTS, "--", *args)
     terms = {t["term"]: t["bytes"] for t in data["arithmetic"]}
-    assert terms["--cpu-offload-gb × 8"] == -8 * 5 * GB
+    # 5 GiB per rank (not GB); no tensor list here, so torch's power-of-two worst case, twice.
+    assert terms["--cpu-offload-gb × 8"] == -8 * 2 * 5 * GiB
     # (8 loader threads + 2) × 5 GB shards × 8 ranks outweighs 8 × 10 GB of pools.
     assert terms["weight-load buffers (no mmap)"] == -400 * GB
     status = {c["name"]: c["status"] for c in data["checks"]}
     assert status["weight_loading"] == "warn"
+    assert status["cpu_offload"] == "warn"
     assert status["host_memory"] == "fail"
 
 
