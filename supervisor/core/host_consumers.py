@@ -1,4 +1,4 @@
-"""Host memory that SGLang's opt-in features take beside the KV pools (docs/sglang.md §1.9).
+"""Host memory that SGLang's opt-in features take beside the KV pools (docs/sglang.md §1.10).
 
 Each feature is counted in the host plan where SGLang's own code gives its size, and warned
 about where it does not; a warning names the flag, how many copies the node holds, and what
