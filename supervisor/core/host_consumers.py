@@ -13,6 +13,7 @@ from typing import Any
 
 from supervisor.core import offload
 from supervisor.core.checks import Check, Status
+from supervisor.core.hybrid_geometry import HybridLayout
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.units import GiB, format_gb
 
@@ -77,6 +78,9 @@ class ConsumerFacts:
     stage_layer_count: int = 0
     routed_experts: int | None = None
     storage_dir: StorageDir | None = None  # None: not read (planning another box)
+    # A hybrid model's pools (core/hybrid_geometry.py): `bytes_per_token` is then the full (or
+    # attention) pool's row, and a storage tier may map a page of each other pool too.
+    layout: HybridLayout | None = None
 
 
 @dataclass(frozen=True, slots=True)

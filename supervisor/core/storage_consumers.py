@@ -230,9 +230,12 @@ def _tmpfs_files(
 
 def _hf3fs(plan: LaunchPlan, facts: ConsumerFacts, found: Found) -> None:
     """Each client job of each rank maps a read and a write buffer of `entries` pages, in
-    /dev/shm (mem_cache/storage/hf3fs/hf3fs_usrbio_client.py:86-115, storage_hf3fs.py:239-250).
+    /dev/shm (mem_cache/storage/hf3fs/hf3fs_usrbio_client.py:86-115, storage_hf3fs.py:239-250),
+    and as many jobs again for each other pool of a hybrid model (storage_hf3fs.py:582-603).
     """
     jobs = f"client jobs × 2 × entries × page bytes per rank × {plan.local_ranks} local ranks"
+    if facts.layout is not None:
+        jobs += ", for each pool of the model"
     if HF3FS_CONFIG_ENV in facts.env:
         found.warn(
             "hf3fs",
@@ -248,24 +251,21 @@ def _hf3fs(plan: LaunchPlan, facts: ConsumerFacts, found: Found) -> None:
         )
         found.checks.append(Check("hf3fs", Status.FAIL, detail))
         return
-    cell = facts.bytes_per_token
-    layout = plan.hicache_mem_layout
-    if layout in ("page_first", "page_first_direct"):
-        row = cell // 2  # the K half of an MHA row (mem_cache/pool_host/mha.py:302-303)
-    elif layout == "layer_first":
-        row = cell
-    else:
+    pages = _hf3fs_pages(plan, facts)
+    if pages is None:
         detail = (
             f"SGLang 0.5.23 sizes hf3fs pages only for page_first, page_first_direct and "
-            f"layer_first (mem_cache/storage/backend_factory.py:194-206), not {layout}"
+            f"layer_first (mem_cache/storage/backend_factory.py:194-206), not "
+            f"{plan.hicache_mem_layout}"
         )
         found.warn("hf3fs", detail)
         return
-    page = plan.effective_page_size
-    each = HF3FS_JOBS * 2 * HF3FS_ENTRIES * page * row
+    each = HF3FS_JOBS * 2 * HF3FS_ENTRIES * sum(size for _, size in pages)
+    shown = " + ".join(what for what, _ in pages)
+    shown = shown if len(pages) == 1 else f"({shown})"
     detail = (
-        f"hf3fs buffers: {HF3FS_JOBS} jobs × 2 × {HF3FS_ENTRIES} entries × {page}-token pages "
-        f"of {row:,} B/token per rank × {plan.local_ranks} local ranks, in /dev/shm; bound them "
+        f"hf3fs buffers: {HF3FS_JOBS} jobs × 2 × {HF3FS_ENTRIES} entries × {shown} "
+        f"per rank × {plan.local_ranks} local ranks, in /dev/shm; bound them "
         f"with fewer numjobs or entries ({HF3FS_CONFIG_ENV})"
     )
     found.count(
@@ -281,12 +281,47 @@ def _hf3fs(plan: LaunchPlan, facts: ConsumerFacts, found: Found) -> None:
     )
 
 
+def _hf3fs_pages(plan: LaunchPlan, facts: ConsumerFacts) -> list[tuple[str, int]] | None:
+    """(what, bytes) of one page of each pool hf3fs has clients for; None: a layout SGLang
+    gives no page size. The anchor (the one pool, a hybrid's full or attention pool) by the
+    layout (backend_factory.py:194-206); every other pool of a hybrid by its K part
+    (storage_hf3fs.py:582-588 `get_ksize_per_token`): the K half of an SWA row
+    (mem_cache/pool_host/mha.py:302-303), a Mamba slot's whole state, in pages of one slot
+    (mem_cache/pool_host/mamba.py:101, 423-424)."""
+    cell = facts.bytes_per_token
+    page = plan.effective_page_size
+    layout = plan.hicache_mem_layout
+    if layout in ("page_first", "page_first_direct"):
+        row, part = cell // 2, " (the K half)"
+    elif layout == "layer_first":
+        row, part = cell, ""
+    else:
+        return None
+    pages = [(f"{page}-token pages of {row:,} B/token{part}", page * row)]
+    hybrid = facts.layout
+    if hybrid is not None and hybrid.kind == "swa":
+        swa_k = hybrid.swa_row_bytes // 2
+        pages.append((f"the SWA pool's {page}-token pages of {swa_k:,} B/token (K)", page * swa_k))
+    elif hybrid is not None and hybrid.kind == "mamba":
+        slot = hybrid.mamba_slot_bytes
+        pages.append((f"the Mamba pool's one-slot pages of {slot:,} B", slot))
+    return pages
+
+
 def _hisparse(plan: LaunchPlan, facts: ConsumerFacts, found: Found) -> None:
     """HiSparse keeps ratio × the device pool of a DSA model in a host pool of its own, the
     logical pool (managers/hisparse_coordinator.py:617-630, mem_cache/pool_host/base.py:225-229)."""
     if not plan.enable_hisparse:
         return
     ratio = hisparse_ratio(plan)
+    if facts.layout is not None:
+        found.warn(
+            "hisparse",
+            f"--enable-hisparse: SGLang accepts it for DSA models, DeepSeek-V4 and MiniMax-M3 "
+            f"only (arg_groups/hisparse_hook.py:104-107), not for this {facts.layout.kind} "
+            "hybrid's pools: not counted",
+        )
+        return
     if not facts.indexer_bytes_per_token:
         found.warn(
             "hisparse",

@@ -20,6 +20,7 @@ from supervisor.core.host_consumers import (
     cpu_offload,
     feature_consumers,
 )
+from supervisor.core.hybrid_geometry import HybridLayout
 from supervisor.core.sglang_args import LaunchPlan
 from supervisor.core.storage_consumers import file_backend_dir, storage_consumers
 from supervisor.errors import ConfigError
@@ -44,6 +45,7 @@ class ModelFacts:
     indexer_bytes_per_token: int
     weights_per_rank_bytes: int | None
     device_tokens: int | None
+    layout: HybridLayout | None = None  # a hybrid model's pools
 
 
 def _int(config: Mapping[str, Any], *keys: str) -> int | None:
@@ -90,6 +92,7 @@ def consumer_facts(
         stage_layer_count=offload.stage_layers(num_layers, plan.pp_size),
         routed_experts=_int(model.config, "n_routed_experts", "num_experts", "num_local_experts"),
         storage_dir=storage_dir,
+        layout=model.layout,
     )
 
 

@@ -106,6 +106,7 @@ def _host_budget(
         indexer_bytes_per_token=model.indexer_bytes_per_token,
         weights_per_rank_bytes=device.weights_per_rank_bytes,
         device_tokens=device.tokens,
+        layout=model.layout,
     )
     consumers = host_consumers(
         plan,

@@ -96,6 +96,21 @@ MARKERS: tuple[tuple[str, str, str], ...] = (
         "0.5.18",
     ),
     ("mem_cache/pool_host/mha.py", "return self.get_size_per_token() // 2", "0.5.18"),
+    # hf3fs and a hybrid model: as many clients again for each pool but the anchor, paged by
+    # its K part; a Mamba pool's K part is a slot's whole state, in pages of one slot
+    ("mem_cache/storage/hf3fs/storage_hf3fs.py", "if host_pool_name == PoolName.KV:", "0.5.18"),
+    (
+        "mem_cache/storage/hf3fs/storage_hf3fs.py",
+        "pool_bytes_per_page = host_pool.get_ksize_per_token() * pool_page_size",
+        "0.5.18",
+    ),
+    ("mem_cache/storage/hf3fs/storage_hf3fs.py", "for _ in range(self.numjobs)", "0.5.18"),
+    ("mem_cache/pool_host/mamba.py", "self.page_size = 1\n", "0.5.18"),
+    (
+        "mem_cache/pool_host/mamba.py",
+        "def get_ksize_per_token(self):\n        return self.get_size_per_token()\n",
+        "0.5.18",
+    ),
     # HiSparse: ratio 2 by default, a host pool of ratio x the device pool
     (
         "mem_cache/sparsity/factory.py",

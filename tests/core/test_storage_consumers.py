@@ -9,6 +9,7 @@ import pytest
 
 from supervisor.core.checks import Status
 from supervisor.core.host_consumers import ConsumerError, ConsumerFacts, StorageDir
+from supervisor.core.hybrid_geometry import HybridLayout
 from supervisor.core.sglang_args import parse_launch_args
 from supervisor.core.sglang_sizes import file_size_bytes, segment_bytes
 from supervisor.core.storage_consumers import file_backend_dir, storage_consumers
@@ -235,6 +236,35 @@ def test_hf3fs_with_a_config_file_or_an_unsized_layout_warns_and_mla_without_one
     assert check(found, "hf3fs").status is Status.FAIL
 
 
+# GPT-OSS-120B and Qwen3-Next-80B at TP 8 (tests/preflight/test_hybrid.py): 4,608 B a token in
+# both of GPT-OSS's pools; Qwen3-Next's attention layers 12,288 B a token, a Mamba slot
+# 9,658,368 B.
+SWA = HybridLayout(kind="swa", full_layers=18, swa_layers=18, full_row_bytes=4608,
+                   swa_row_bytes=4608)  # fmt: skip
+MAMBA = HybridLayout(kind="mamba", full_layers=12, mamba_layers=36, full_row_bytes=12_288,
+                     mamba_slot_bytes=9_658_368)  # fmt: skip
+
+
+def test_hf3fs_maps_a_page_of_each_pool_of_a_hybrid_model():
+    """storage_hf3fs.py:582-603: each pool but the anchor gets its own 16 clients, paged by its
+    K part; a Mamba pool's pages are one slot's whole state."""
+    swa = dataclasses.replace(FACTS, bytes_per_token=4608, layout=SWA)
+    hf3fs = ("--hicache-storage-backend", "hf3fs", "--page-size", "64")
+    buffers = counted(storage_consumers(plan(*hf3fs), swa), "hf3fs")
+    assert buffers.each_bytes == 16 * 2 * 8 * (64 * 2304 + 64 * 2304) == 75_497_472
+    assert "the SWA pool's 64-token pages of 2,304 B/token (K)" in buffers.detail
+    layer_first = plan(*hf3fs, "--hicache-mem-layout", "layer_first")
+    # The anchor's whole row with layer_first; the SWA pool's K half all the same (:588).
+    each = counted(storage_consumers(layer_first, swa), "hf3fs").each_bytes
+    assert each == 16 * 2 * 8 * (64 * 4608 + 64 * 2304)
+    mamba = dataclasses.replace(FACTS, bytes_per_token=12_288, layout=MAMBA)
+    one = plan("--hicache-storage-backend", "hf3fs")
+    buffers = counted(storage_consumers(one, mamba), "hf3fs")
+    assert buffers.each_bytes == 16 * 2 * 8 * (6144 + 9_658_368) == 2_474_115_072
+    env = dataclasses.replace(mamba, env={"SGLANG_HICACHE_HF3FS_CONFIG_PATH": "/etc/3fs.json"})
+    assert "for each pool of the model" in check(storage_consumers(one, env), "hf3fs").detail
+
+
 # --- HiSparse ------------------------------------------------------------------------------
 
 
@@ -255,6 +285,11 @@ def test_hisparse_outside_dsa_or_without_a_device_pool_warns():
     assert check(storage_consumers(p, FACTS), "hisparse").status is Status.WARN
     unknown = dataclasses.replace(DSA, device_tokens=None)
     assert "--gpu-memory" in check(storage_consumers(p, unknown), "hisparse").detail
+    # SGLang refuses HiSparse for a hybrid model's pools (arg_groups/hisparse_hook.py:104-107).
+    hybrid = dataclasses.replace(DSA, layout=MAMBA)
+    found = storage_consumers(p, hybrid)
+    assert found.counted == []
+    assert "mamba hybrid" in check(found, "hisparse").detail
 
 
 @pytest.mark.parametrize("ratio", ["0", "-1", '"two"', "true"])

@@ -17,6 +17,8 @@ from supervisor.core.units import GB, GiB, MiB
 from supervisor.preflight import run_preflight
 from tests.core.test_offload import llama_tensors
 from tests.preflight.support import KIMI_ARGS, LLAMA, run, run_json
+from tests.preflight.test_hybrid import QWEN_NEXT, SIZE
+from tests.preflight.test_hybrid import model as hybrid_model
 from tests.preflight.test_measured import fake_gpus, fake_host, gpu, measured_config
 
 LLAMA_FACTS = ["--mem-available", "2000GB", "--gpus", "8", "--gpu-memory", "141GB"]
@@ -160,3 +162,21 @@ def test_a_file_backend_on_a_tmpfs_of_this_host_is_counted(tmp_path, monkeypatch
     capped = preflight({"SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE": "1G"})
     (files,) = capped.host_consumers
     assert (files["bytes"], files["holders"]) == (8 * GB, 8)
+
+
+def test_a_hybrid_models_consumers_count_in_its_pool_by_pool_plan(capsys):
+    """Qwen3-Next at TP 8: hf3fs maps a page of the attention pool and one Mamba slot per entry
+    (tests/core/test_storage_consumers.py works the numbers), and the pools' safe size shrinks."""
+    facts = hybrid_model("qwen3-next-80b-a3b", "160GB")
+    argv = [*QWEN_NEXT, *SIZE]
+    _, before = run_json(capsys, *facts, "--", *argv)
+    code, data = run_json(capsys, *facts, "--", *argv, "--hicache-storage-backend", "hf3fs")
+    assert code == 0
+    assert [p["pool"] for p in data["pools"]] == ["mamba", "kv"]
+    hf3fs = consumers(data)["hf3fs"]
+    assert (hf3fs["each_bytes"], hf3fs["holders"]) == (256 * (6144 + 9_658_368), 8)
+    terms = {t["term"]: t["bytes"] for t in data["arithmetic"]}
+    assert terms["--hicache-storage-backend hf3fs 2.5 GB × 8"] == -hf3fs["bytes"]
+    added = data["host_required_bytes"] - before["host_required_bytes"]
+    assert added == hf3fs["bytes"] == 19_792_920_576
+    assert data["max_hicache_size_gb"] < before["max_hicache_size_gb"]
