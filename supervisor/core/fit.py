@@ -6,7 +6,7 @@ Pure functions over integers (bytes, tokens) and the LaunchPlan; formulas in doc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from supervisor.core.host_consumers import Consumer
@@ -285,10 +285,16 @@ def max_hicache_size_gb(
         pool = size_mode_pool_bytes(size_gb, bytes_per_token, indexer_bytes_per_token, page_size)
         return fits_host(pool, local_ranks, budget, numa)
 
+    # A pool of that many GB exceeds all usable memory on its own, so it never fits.
+    return largest_fitting_gb(fits, budget.usable_bytes // GB + 2)
+
+
+def largest_fitting_gb(fits: Callable[[int], bool], ceiling_gb: int) -> int:
+    """The largest integer GB that `fits`, 0 when not even 1 GB does (a bisection: `fits` is
+    monotone, and nothing at `ceiling_gb` fits)."""
     if not fits(1):
         return 0
-    # A pool of `high` GB exceeds all usable memory on its own, so fits(high) is False.
-    low, high = 1, max(2, budget.usable_bytes // GB + 2)
+    low, high = 1, max(2, ceiling_gb)
     while high - low > 1:
         mid = (low + high) // 2
         if fits(mid):

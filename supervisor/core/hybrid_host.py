@@ -135,7 +135,7 @@ def safe_size(
         return fit.fits_host(pooled, local_ranks, budget, numa)
 
     # A pool of this many GB exceeds all usable memory on its own, so it never fits.
-    safe = pools.largest_fitting_gb(fits, budget.usable_bytes // GB + 2)
+    safe = fit.largest_fitting_gb(fits, budget.usable_bytes // GB + 2)
     if not safe:
         return 0, 0
     bought = pools.host_pools(replace(plan, hicache_size_gb=safe), split, 0.0)

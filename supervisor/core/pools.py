@@ -17,7 +17,7 @@ docs/sglang.md §1.9. Paths are under sglang/srt/.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from supervisor.core import fit
@@ -193,21 +193,6 @@ def host_bytes_at_size(plan: LaunchPlan, device: Sequence[Pool], size_gb: int) -
 def anchor(pools: Sequence[Pool]) -> Pool:
     """The pool whose tokens are the cache's (the full pool, or the Mamba hybrid's KV pool)."""
     return next(p for p in pools if p.name in ("full", "kv"))
-
-
-def largest_fitting_gb(fits: Callable[[int], bool], ceiling_gb: int) -> int:
-    """The largest integer GB that `fits`, 0 when not even 1 GB does (a bisection: `fits` is
-    monotone, and nothing at `ceiling_gb` fits)."""
-    if not fits(1):
-        return 0
-    low, high = 1, max(2, ceiling_gb)
-    while high - low > 1:
-        mid = (low + high) // 2
-        if fits(mid):
-            low = mid
-        else:
-            high = mid
-    return low
 
 
 def one_pool(
